@@ -3,14 +3,24 @@
 The public API a notebook sees::
 
     import proxy
-    spec = proxy.MXSpec("fp8_e4m3")          # block 32, OCP floor scale, ties to even
-    q = proxy.quantize(x, spec, axis=-1)      # float32 values on the MX grid
-    s = proxy.quantize_stats(x, spec)         # clamped / last-bin / flushed fractions
+    cfg = proxy.Config(width=128, depth=4, lr=1e-3, steps=3000, recipe="mxfp8_e4m3")
+    fp32, mx = proxy.train(cfg.replace(recipe="fp32")), proxy.train(cfg)
+    mx.metrics        # pandas DataFrame: step, loss, grad_norm, zeta_bound, cosine, ln_clamp_frac, ...
+    mx.diverged_at    # step or None
+
+    spec = proxy.MXSpec("fp8_e4m3")           # block 32, OCP floor scale, ties to even
+    q = proxy.quantize(x, spec, axis=-1)       # float32 values on the MX grid
+    s = proxy.quantize_stats(x, spec)          # clamped / last-bin / flushed fractions
 """
 
 from proxy import formats
+from proxy import recipe as recipes
+from proxy.config import Config
 from proxy.formats import ElementFormat
 from proxy.quantize import MXSpec, QuantStats, quantize, quantize_stats
+from proxy.recipe import Recipe
+from proxy.run import Run, train
 
-__all__ = ["formats", "ElementFormat", "MXSpec", "QuantStats", "quantize", "quantize_stats"]
+__all__ = ["formats", "recipes", "Config", "ElementFormat", "MXSpec", "QuantStats", "Recipe", "Run",
+           "quantize", "quantize_stats", "train"]
 __version__ = "0.1.0"

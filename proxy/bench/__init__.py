@@ -1,0 +1,13 @@
+"""Benchmarks behind ``proxy bench NAME``.
+
+Each module here (and ``kernels.bench``) exposes ``main(argv) -> int``; it
+measures everything it reports within one run and prints ratios, because
+these machines are shared and noisy: no benchmark asserts a time.
+"""
+
+BENCHMARKS = {
+    "quantize": "proxy.bench.quantize",
+    "step": "proxy.bench.step",
+    "sweep": "proxy.bench.sweep",
+    "kernels": "kernels.bench",
+}

@@ -1,0 +1,180 @@
+"""``Config``: every knob of a proxy run, declared and defaulted in one place."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from typing import Any
+
+from proxy import recipe as _recipes
+from proxy.layers import ACTIVATIONS
+from proxy.model import INITS, NORMS
+from proxy.quantize import MXSpec
+from proxy.recipe import Recipe
+
+__all__ = ["Config", "OPTIMIZERS", "SCHEDULES", "GRADIENT_REFERENCES"]
+
+OPTIMIZERS = ("adam", "sgd")
+SCHEDULES = ("constant", "cosine")
+GRADIENT_REFERENCES = ("same_point", "paired_run")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One proxy run (frozen; derive variants with :meth:`replace`).
+
+    Model: ``width`` d, ``depth`` L residual blocks, activation ``act``
+    (gelu/relu/swiglu/tanh/linear), ``norm`` (layernorm/none), ``init``
+    (pytorch: U(±1/sqrt(fan_in)); xavier_normal with ``init_gain``). Teacher:
+    ``teacher_width``/``teacher_depth``/``teacher_act`` default to the
+    student's. Data: ``batch`` rows of x ~ N(0, I), targets teacher(x) +
+    ``noise``·N(0, I). Optimizer: ``adam`` (``beta1``, ``beta2``,
+    ``adam_eps``) or ``sgd`` (``momentum``, 0 = plain SGD); learning rate ``lr``,
+    ``schedule`` constant or cosine decay to ``lr_min`` over ``steps``, after
+    ``warmup_steps`` of linear warm-up. Seeds: ``seed`` (student init),
+    ``data_seed`` (batches), ``teacher_seed`` (teacher weights).
+
+    Precision: ``recipe`` (a preset name or a :class:`Recipe`).
+
+    Recording: loss, gradient and update norms every step; every
+    ``diagnostics_every`` steps (0 = never) the reference gradient, ‖ζ‖ bound,
+    cosine and clamp statistics, where ``gradient_reference`` is
+    ``same_point`` (full-precision gradient at the same weights and batch) or
+    ``paired_run`` (gradient of the FP32 run trained alongside, the paper's
+    definition); clamp fractions of LN gains use the recipe's weight spec, or
+    ``diagnostic_format`` (MX E4M3 by default) for unquantized recipes.
+    ``val_every`` steps (a multiple of ``diagnostics_every``) the loss on
+    ``val_batches`` held-out batches. A run stops at the first non-finite loss
+    or a loss above ``spike_factor`` × the previous step's.
+    """
+
+    width: int = 128
+    depth: int = 4
+    act: str = "gelu"
+    norm: str = "layernorm"
+    init: str = "pytorch"
+    init_gain: float = 0.5
+    teacher_width: int | None = None
+    teacher_depth: int | None = None
+    teacher_act: str | None = None
+    batch: int = 512
+    noise: float = 0.005
+    optimizer: str = "adam"
+    lr: float = 6e-4
+    momentum: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    adam_eps: float = 1e-8
+    schedule: str = "constant"
+    lr_min: float = 0.0
+    warmup_steps: int = 0
+    steps: int = 1000
+    seed: int = 0
+    data_seed: int = 0
+    teacher_seed: int = 0
+    recipe: str | Recipe = "fp32"
+    diagnostics_every: int = 10
+    gradient_reference: str = "same_point"
+    diagnostic_format: str = "fp8_e4m3"
+    val_every: int = 100
+    val_batches: int = 4
+    spike_factor: float = 100.0
+
+    def __post_init__(self):
+        def positive_int(name, allow_zero=False):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (v == 0 and not allow_zero):
+                need = "a non-negative" if allow_zero else "a positive"
+                raise ValueError(f"{name} must be {need} integer, got {v!r}")
+
+        def choice(name, valid, optional=False):
+            v = getattr(self, name)
+            if optional and v is None:
+                return
+            if v not in valid:
+                raise ValueError(f"unknown {name} {v!r}; valid: {', '.join(valid)}")
+
+        def positive_float(name, allow_zero=False):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
+                    or (v == 0 and not allow_zero):
+                need = "a non-negative" if allow_zero else "a positive"
+                raise ValueError(f"{name} must be {need} finite number, got {v!r}")
+
+        for name in ("width", "depth", "batch", "steps", "val_batches"):
+            positive_int(name)
+        for name in ("seed", "data_seed", "teacher_seed", "diagnostics_every", "val_every", "warmup_steps"):
+            positive_int(name, allow_zero=True)
+        for name in ("teacher_width", "teacher_depth"):
+            if getattr(self, name) is not None:
+                positive_int(name)
+        choice("act", ACTIVATIONS)
+        choice("teacher_act", ACTIVATIONS, optional=True)
+        choice("norm", NORMS)
+        choice("init", INITS)
+        choice("optimizer", OPTIMIZERS)
+        choice("schedule", SCHEDULES)
+        choice("gradient_reference", GRADIENT_REFERENCES)
+        positive_float("lr")
+        positive_float("init_gain")
+        positive_float("adam_eps")
+        positive_float("spike_factor")
+        for name in ("noise", "lr_min", "momentum"):
+            positive_float(name, allow_zero=True)
+        for name in ("beta1", "beta2", "momentum"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must lie in [0, 1), got {getattr(self, name)!r}")
+        MXSpec(self.diagnostic_format)  # validates the name
+        object.__setattr__(self, "recipe", _recipes.get(self.recipe))
+        if self.diagnostics_every and self.val_every and self.val_every % self.diagnostics_every:
+            raise ValueError(
+                f"val_every ({self.val_every}) must be a multiple of diagnostics_every ({self.diagnostics_every})")
+        if self.gradient_reference == "paired_run" and not self.diagnostics_every:
+            raise ValueError("gradient_reference='paired_run' needs diagnostics_every > 0")
+
+    # -- derived -------------------------------------------------------------
+    @property
+    def teacher(self) -> tuple[int, int, str]:
+        """(width, depth, activation) of the teacher, defaults resolved."""
+        return (self.teacher_width or self.width, self.teacher_depth or self.depth, self.teacher_act or self.act)
+
+    @property
+    def chunk(self) -> int:
+        """Steps per compiled ``lax.scan`` segment (the host loop's unit)."""
+        if self.val_every:
+            return self.val_every
+        return max(self.diagnostics_every, 1) * max(1, 100 // max(self.diagnostics_every, 1))
+
+    def replace(self, **changes) -> "Config":
+        """A validated variant; unknown knobs raise a ValueError naming the valid ones."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"unknown config field(s) {sorted(unknown)}; valid: {', '.join(self.field_names())}")
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    # -- serialization -------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict; the recipe is its preset name when it is an unmodified preset."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["recipe"] = _recipes.to_json(self.recipe)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Config":
+        d = dict(d)
+        if "recipe" in d:
+            d["recipe"] = _recipes.from_json(d["recipe"])
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    def hash(self) -> str:
+        """A stable 16-hex-digit key of the full config."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]

@@ -1,0 +1,100 @@
+"""Gradient and quantization diagnostics (pure functions over pytrees).
+
+The paper's multiplicative-noise model writes the low-precision gradient as
+g̃ = (1 + ζ) g. Its deviation ε = g̃ − g bounds the operator norm from below:
+‖ζ‖_op ≥ ‖ε‖ / ‖g‖ (``zeta_bound``); divergence follows once that bound
+nears 2. The cosine between g̃ and g says how much of the descent direction
+survives. Clamp fractions say how much of a tensor the MX scale saturates.
+
+Parameters are the student's ``{"block_i": {...}}`` dicts; "per layer" means
+per residual block.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from proxy.quantize import MXSpec, quantize_stats
+
+__all__ = ["sq_norm", "global_norm", "gradient_error", "per_block", "ln_statistics",
+           "weight_clamp", "activation_clamp", "is_spike"]
+
+
+def sq_norm(tree) -> jax.Array:
+    """Σ x² over every leaf (float32 scalar)."""
+    return sum((jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)), jnp.float32(0))
+
+
+def global_norm(tree) -> jax.Array:
+    return jnp.sqrt(sq_norm(tree))
+
+
+def gradient_error(g_low, g_ref) -> tuple[jax.Array, jax.Array]:
+    """(‖g̃ − g‖/‖g‖, cos(g̃, g)) for two gradient pytrees of the same structure.
+
+    Exactly (0, 1) when the trees are equal (the norm ratio's numerator is an
+    exact zero and the cosine is computed as 1 − ‖ĝ̃ − ĝ‖²/2 on unit vectors,
+    which rounds to exactly 1 for identical inputs).
+    """
+    diff = jax.tree.map(jnp.subtract, g_low, g_ref)
+    n_ref = global_norm(g_ref)
+    n_low = global_norm(g_low)
+    zeta = global_norm(diff) / n_ref
+    unit_diff = jax.tree.map(lambda a, b: a / n_low - b / n_ref, g_low, g_ref)
+    cosine = 1.0 - sq_norm(unit_diff) / 2.0
+    return zeta, cosine
+
+
+def per_block(fn, *trees) -> jax.Array:
+    """Stack ``fn(*subtrees)`` over the student's blocks (sorted by index)."""
+    keys = sorted(trees[0], key=lambda k: int(k.split("_")[-1]))
+    return jnp.stack([jnp.asarray(fn(*(t[k] for t in trees))) for k in keys])
+
+
+def _fraction(stats_list, field):
+    return sum(getattr(s, field) * n for s, n in stats_list) / max(sum(n for _, n in stats_list), 1)
+
+
+def ln_statistics(params, spec: MXSpec) -> dict[str, jax.Array]:
+    """LayerNorm gain/bias diagnostics per block: the fraction of gains the
+    spec clamps (and lands in the last bin) in blocks along the feature axis,
+    and the mean/variance of gains and biases. Empty without LayerNorm."""
+    if "ln_gain" not in next(iter(params.values())):
+        return {}
+    out = {
+        "ln_clamp_frac": per_block(lambda b: quantize_stats(b["ln_gain"], spec).clamped_frac, params),
+        "ln_last_bin_frac": per_block(lambda b: quantize_stats(b["ln_gain"], spec).last_bin_frac, params),
+        "ln_gain_mean": per_block(lambda b: jnp.mean(b["ln_gain"]), params),
+        "ln_gain_var": per_block(lambda b: jnp.var(b["ln_gain"]), params),
+        "ln_bias_mean": per_block(lambda b: jnp.mean(b["ln_bias"]), params),
+        "ln_bias_var": per_block(lambda b: jnp.var(b["ln_bias"]), params),
+    }
+    return out
+
+
+def weight_clamp(params, spec: MXSpec) -> jax.Array:
+    """Per block: fraction of fc1/fc2 weights clamped by ``spec`` along in-features."""
+
+    def block(b):
+        s1, s2 = quantize_stats(b["fc1"], spec, axis=0), quantize_stats(b["fc2"], spec, axis=0)
+        return _fraction([(s1, b["fc1"].size), (s2, b["fc2"].size)], "clamped_frac")
+
+    return per_block(block, params)
+
+
+def activation_clamp(intermediates, spec: MXSpec) -> jax.Array:
+    """Per block: fraction of the GEMM inputs (LN output into fc1, activation
+    output into fc2) clamped by ``spec`` along features."""
+
+    def block(b):
+        a1, a2 = b["fc1_in"][0], b["fc2_in"][0]
+        s1, s2 = quantize_stats(a1, spec), quantize_stats(a2, spec)
+        return _fraction([(s1, a1.size), (s2, a2.size)], "clamped_frac")
+
+    return per_block(block, intermediates)
+
+
+def is_spike(loss, prev_loss, factor) -> jax.Array:
+    """Divergence test of one step: non-finite loss, or loss > factor × previous."""
+    return ~jnp.isfinite(loss) | (loss > factor * prev_loss)

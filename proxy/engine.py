@@ -1,0 +1,286 @@
+"""The training engine: a jitted step, ``lax.scan`` segments, divergence.
+
+Everything static about a config (model definitions, recipe, optimizer kind,
+diagnostics period) lives in a cached :class:`Program`; everything a sweep may
+vary without recompiling (learning rate, seeds, noise, spike factor, number
+of steps) is a traced :class:`Dynamic`. One segment of steps is one compiled
+call: ``diagnostics_every`` = P splits it into periods of one diagnostic step
+(reference gradient, ‖ζ‖ bound, cosine, clamp statistics) followed by P − 1
+plain steps, so no ``lax.cond`` is needed (under ``vmap`` a cond would run
+both branches).
+
+A step that produces a non-finite loss, or a loss above ``spike_factor`` ×
+the previous one, marks the run diverged at that step; from then on the
+parameters are frozen (masked updates), which keeps a diverged member of a
+vmapped sweep from poisoning the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from proxy import data, diagnostics
+from proxy.config import Config
+from proxy.model import Student, Teacher
+from proxy.quantize import MXSpec
+from proxy.recipe import PRESETS
+
+__all__ = ["Dynamic", "TrainState", "Program", "program_for", "dynamic_for", "static_key"]
+
+# Config fields a sweep can vary inside one compiled program.
+DYNAMIC_FIELDS = ("lr", "lr_min", "noise", "spike_factor", "seed", "data_seed", "teacher_seed", "steps")
+
+
+class Dynamic(NamedTuple):
+    """Per-run traced values (scalars; a sweep stacks them along axis 0)."""
+
+    lr: jax.Array
+    lr_min: jax.Array
+    noise: jax.Array
+    spike_factor: jax.Array
+    total_steps: jax.Array
+    init_key: jax.Array
+    data_key: jax.Array
+    teacher_key: jax.Array
+
+
+class TrainState(NamedTuple):
+    """Everything that evolves. ``ref_params``/``ref_opt`` hold the paired
+    full-precision run when ``gradient_reference == "paired_run"``."""
+
+    params: Any
+    opt_state: Any
+    prev_loss: jax.Array
+    diverged: jax.Array
+    diverged_at: jax.Array
+    ref_params: Any = None
+    ref_opt: Any = None
+
+
+def dynamic_for(config: Config) -> Dynamic:
+    f32 = functools.partial(jnp.asarray, dtype=jnp.float32)
+    return Dynamic(
+        lr=f32(config.lr), lr_min=f32(config.lr_min), noise=f32(config.noise),
+        spike_factor=f32(config.spike_factor), total_steps=f32(config.steps),
+        init_key=jax.random.key_data(jax.random.key(config.seed)),
+        data_key=jax.random.key_data(jax.random.key(config.data_seed)),
+        teacher_key=jax.random.key_data(jax.random.key(config.teacher_seed)),
+    )
+
+
+def static_key(config: Config) -> Config:
+    """The config with every dynamic field at its default: equal keys share a Program."""
+    defaults = Config()
+    return config.replace(**{f: getattr(defaults, f) for f in DYNAMIC_FIELDS})
+
+
+def _where(cond, new, old):
+    return jax.tree.map(lambda a, b: jnp.where(cond, a, b), new, old)
+
+
+class Program:
+    """Compiled pieces for one static configuration (see :func:`program_for`)."""
+
+    def __init__(self, config: Config):
+        c = self.config = static_key(config)
+        self.recipe = c.recipe
+        kw = dict(width=c.width, depth=c.depth, act=c.act, norm=c.norm, init_scheme=c.init, init_gain=c.init_gain)
+        self.student = Student(recipe=c.recipe, **kw)
+        self.reference = Student(recipe=PRESETS["fp32"], **kw)
+        tw, td, ta = c.teacher
+        self.teacher = Teacher(width=c.width, hidden=tw, depth=td, act=ta)
+        if c.optimizer == "adam":
+            self.tx = optax.scale_by_adam(b1=c.beta1, b2=c.beta2, eps=c.adam_eps)
+        elif c.momentum:
+            self.tx = optax.trace(decay=c.momentum)
+        else:
+            self.tx = optax.identity()
+        self.period = c.diagnostics_every
+        self.paired = c.gradient_reference == "paired_run"
+        rs = c.recipe
+        self.ln_spec = rs.weight_spec or MXSpec(c.diagnostic_format)
+        self.act_spec = rs.fwd_x or rs.weight_spec or MXSpec(c.diagnostic_format)
+        self.run_segment = jax.jit(self._segment, static_argnames=("n_periods", "tail", "plain"))
+        self.init = jax.jit(self._init)
+        self.val_loss = jax.jit(self._val_loss)
+        self._template = None
+
+    # -- pieces ---------------------------------------------------------------
+    def _init(self, dyn: Dynamic):
+        c = self.config
+        x0 = jnp.zeros((1, c.width), jnp.float32)
+        params = self.student.init(jax.random.wrap_key_data(dyn.init_key), x0)["params"]
+        teacher = self.teacher.init(jax.random.wrap_key_data(dyn.teacher_key), x0)["params"]
+        opt = self.tx.init(params)
+        state = TrainState(params, opt, jnp.float32(jnp.inf), jnp.bool_(False), jnp.int32(-1))
+        if self.paired:
+            state = state._replace(ref_params=params, ref_opt=opt)
+        return state, teacher
+
+    def lr_at(self, dyn: Dynamic, t):
+        """Learning rate of step t: warm-up, then constant or cosine to lr_min."""
+        c = self.config
+        t = jnp.asarray(t, jnp.float32)
+        lr = dyn.lr
+        if c.schedule == "cosine":
+            frac = jnp.clip(t / jnp.maximum(dyn.total_steps, 1.0), 0.0, 1.0)
+            lr = dyn.lr_min + 0.5 * (dyn.lr - dyn.lr_min) * (1.0 + jnp.cos(math.pi * frac))
+        if c.warmup_steps:
+            lr = lr * jnp.minimum(1.0, (t + 1.0) / c.warmup_steps)
+        return lr
+
+    def _batch(self, dyn, teacher, t):
+        c = self.config
+        x, noise = data.train_inputs(jax.random.wrap_key_data(dyn.data_key), t, c.batch, c.width)
+        y = data.targets(lambda v: self.teacher.apply({"params": teacher}, v), x, noise, dyn.noise)
+        return x, y
+
+    def _loss_grad(self, model, params, x, y):
+        def loss_fn(p):
+            pred, inter = model.apply({"params": p}, x, mutable=["intermediates"])
+            return jnp.mean(jnp.square(pred - y)), inter["intermediates"]
+
+        (loss, inter), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        return loss, grads, inter
+
+    def _update(self, tx_state, params, grads, lr):
+        updates, opt = self.tx.update(grads, tx_state, params)
+        updates = jax.tree.map(lambda u: -lr * u, updates)
+        return optax.apply_updates(params, updates), opt, updates
+
+    def _step(self, state: TrainState, t, dyn: Dynamic, teacher, diag: bool):
+        x, y = self._batch(dyn, teacher, t)
+        loss, grads, inter = self._loss_grad(self.student, state.params, x, y)
+        lr = self.lr_at(dyn, t)
+        new_params, new_opt, updates = self._update(state.opt_state, state.params, grads, lr)
+        bad = diagnostics.is_spike(loss, state.prev_loss, dyn.spike_factor)
+        ok = ~state.diverged & ~bad
+        new_state = TrainState(
+            params=_where(ok, new_params, state.params),
+            opt_state=_where(ok, new_opt, state.opt_state),
+            prev_loss=jnp.where(ok, loss, state.prev_loss),
+            diverged=state.diverged | bad,
+            diverged_at=jnp.where(~state.diverged & bad, t, state.diverged_at),
+        )
+        metrics = {
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": diagnostics.global_norm(grads),
+            "update_norm": diagnostics.global_norm(updates),
+            "grad_norm/block": diagnostics.per_block(diagnostics.global_norm, grads),
+        }
+        ref_grads = None
+        if self.paired:
+            ref_loss, ref_grads, _ = self._loss_grad(self.reference, state.ref_params, x, y)
+            rp, ro, _ = self._update(state.ref_opt, state.ref_params, ref_grads, lr)
+            ref_ok = jnp.isfinite(ref_loss)
+            new_state = new_state._replace(ref_params=_where(ref_ok, rp, state.ref_params),
+                                           ref_opt=_where(ref_ok, ro, state.ref_opt))
+            metrics["ref_loss"] = ref_loss
+        if diag:
+            metrics.update(self._diagnostics(state.params, grads, ref_grads, inter, x, y))
+        elif self.period:
+            metrics.update(self._nan_diagnostics(state, dyn, teacher))
+        return new_state, metrics
+
+    def _diagnostics(self, params, grads, ref_grads, inter, x, y):
+        if ref_grads is None:  # same point: full-precision gradient at these weights and batch
+            _, ref_grads, _ = self._loss_grad(self.reference, params, x, y)
+        zeta, cos = diagnostics.gradient_error(grads, ref_grads)
+        per = {k: diagnostics.gradient_error(grads[k], ref_grads[k]) for k in grads}
+        order = sorted(grads, key=lambda k: int(k.split("_")[-1]))
+        out = {
+            "zeta_bound": zeta,
+            "cosine": cos,
+            "zeta_bound/block": jnp.stack([per[k][0] for k in order]),
+            "cosine/block": jnp.stack([per[k][1] for k in order]),
+            "weight_clamp_frac/block": diagnostics.weight_clamp(params, self.recipe.weight_spec or self.ln_spec),
+            "act_clamp_frac/block": diagnostics.activation_clamp(inter, self.act_spec),
+        }
+        ln = diagnostics.ln_statistics(params, self.ln_spec)
+        out.update({f"{k}/block": v for k, v in ln.items()})
+        if ln:
+            out["ln_clamp_frac"] = jnp.mean(ln["ln_clamp_frac"])
+        out["weight_clamp_frac"] = jnp.mean(out["weight_clamp_frac/block"])
+        out["act_clamp_frac"] = jnp.mean(out["act_clamp_frac/block"])
+        return out
+
+    def _nan_diagnostics(self, state, dyn, teacher):
+        if self._template is None:
+            def probe(s, d, te):
+                x, y = self._batch(d, te, 0)
+                _, g, inter = self._loss_grad(self.student, s.params, x, y)
+                return self._diagnostics(s.params, g, g, inter, x, y)
+
+            self._template = jax.eval_shape(probe, state, dyn, teacher)
+        return jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), self._template)
+
+    def _segment(self, state, dyn, teacher, start, *, n_periods: int, tail: int, plain: int):
+        """Run ``n_periods`` × P steps, then ``tail`` steps (the first of them a
+        diagnostic step), then ``plain`` steps without diagnostics, from step
+        ``start``. Returns the new state and metrics stacked over steps."""
+        P = self.period
+
+        def plain_steps(s, t0, n):
+            return jax.lax.scan(lambda st, t: self._step(st, t, dyn, teacher, False), s, t0 + jnp.arange(n))
+
+        def period(s, t0, length):
+            s, m0 = self._step(s, t0, dyn, teacher, True)
+            m0 = jax.tree.map(lambda a: a[None], m0)
+            if length == 1:
+                return s, m0
+            s, ms = plain_steps(s, t0 + 1, length - 1)
+            return s, jax.tree.map(lambda a, b: jnp.concatenate([a, b]), m0, ms)
+
+        pieces = []
+        t = start
+        if n_periods:
+            state, m = jax.lax.scan(lambda s, t0: period(s, t0, P), state, start + P * jnp.arange(n_periods))
+            pieces.append(jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:]), m))
+            t = start + P * n_periods
+        if tail:
+            state, m = period(state, t, tail)
+            pieces.append(m)
+            t = t + tail
+        if plain:
+            state, m = plain_steps(state, t, plain)
+            pieces.append(m)
+        return state, jax.tree.map(lambda *a: jnp.concatenate(a), *pieces)
+
+    def segment_shape(self, start: int, n: int) -> dict[str, int]:
+        """Static arguments of :meth:`run_segment` for ``n`` steps from ``start``
+        (``start`` a multiple of the diagnostics period)."""
+        P = self.period
+        if not P:
+            return dict(n_periods=0, tail=0, plain=n)
+        return dict(n_periods=n // P, tail=n % P, plain=0)
+
+    def _val_loss(self, params, dyn, teacher):
+        c = self.config
+        key = jax.random.wrap_key_data(dyn.data_key)
+        total = jnp.float32(0)
+        for i in range(c.val_batches):
+            x, noise = data.val_inputs(key, i, c.batch, c.width)
+            y = data.targets(lambda v: self.teacher.apply({"params": teacher}, v), x, noise, dyn.noise)
+            pred = self.student.apply({"params": params}, x)
+            total = total + jnp.mean(jnp.square(pred - y))
+        return total / c.val_batches
+
+
+@functools.lru_cache(maxsize=64)
+def _program(key: Config) -> Program:
+    return Program(key)
+
+
+def program_for(config: Config) -> Program:
+    """The (cached) Program of a config; configs that differ only in dynamic
+    fields share one, and so share compiled code."""
+    return _program(static_key(config))

@@ -1,0 +1,143 @@
+"""Layers that honour a :class:`~proxy.recipe.Recipe`.
+
+``mx_dense`` is a ``jax.custom_vjp`` whose forward, dgrad and wgrad GEMMs each
+quantize their operands along that GEMM's contraction axis (see the table in
+:mod:`proxy.recipe`). LayerNorm and the activation functions round every
+intermediate to the recipe's vector precision; because a float32→bf16→float32
+round trip differentiates to the same round trip of the cotangent, their
+backward passes are rounded too, as in the reference library.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from proxy.quantize import MXSpec, quantize
+from proxy.recipe import Recipe
+
+__all__ = ["mx_dense", "mx_matmul", "layer_norm", "activation", "ACTIVATIONS", "vround", "quantize_affine"]
+
+ACTIVATIONS = ("gelu", "relu", "swiglu", "tanh", "linear")
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def vround(x, precision: str):
+    """Round elementwise to a vector precision (``"bf16"``) or pass (``"fp32"``)."""
+    if precision == "bf16":
+        return x.astype(jnp.bfloat16).astype(jnp.float32)
+    return x
+
+
+def _q(x, spec: MXSpec | None, axis: int, vector: str):
+    """A GEMM operand: MX-quantized along ``axis``, or in vector precision."""
+    return vround(x, vector) if spec is None else quantize(vround(x, vector), spec, axis=axis)
+
+
+def mx_matmul(a, b, a_spec: MXSpec | None, b_spec: MXSpec | None, vector: str = "fp32", backend: str = "xla"):
+    """``a (M, K) @ b (K, N)`` with both operands quantized along K, float32
+    accumulation, output rounded to ``vector`` precision."""
+    if backend == "pallas":
+        from kernels.mx_matmul import mx_dot  # the fused kernel path (optional dependency)
+
+        out = mx_dot(vround(a, vector), vround(b, vector), a_spec, b_spec)
+    else:
+        out = jnp.dot(_q(a, a_spec, 1, vector), _q(b, b_spec, 0, vector), precision=_HIGHEST)
+    return vround(out, vector)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _dense2d(x, w, b, recipe: Recipe):
+    r = recipe
+    y = mx_matmul(x, w, r.fwd_x, r.fwd_w, r.vector, r.backend)
+    return y if b is None else vround(y + vround(b, r.vector), r.vector)
+
+
+def _dense2d_fwd(x, w, b, recipe):
+    return _dense2d(x, w, b, recipe), (x, w, b)
+
+
+def _dense2d_bwd(recipe, res, g):
+    x, w, b = res
+    r = recipe
+    g = vround(g, r.vector)
+    dx = mx_matmul(g, w.T, r.dgrad_g, r.dgrad_w, r.vector, r.backend)  # contracts out-features
+    dw = mx_matmul(x.T, g, r.wgrad_x, r.wgrad_g, r.vector, r.backend)  # contracts the batch
+    db = None if b is None else vround(jnp.sum(g, axis=0), r.vector)
+    return dx, dw, db
+
+
+_dense2d.defvjp(_dense2d_fwd, _dense2d_bwd)
+
+
+def mx_dense(x, w, b, recipe: Recipe):
+    """``y = x @ w + b`` with the recipe's MX GEMMs.
+
+    Args:
+      x: (..., in_features) activations; leading axes are flattened into the
+        batch (the wgrad GEMM contracts over all of them).
+      w: (in_features, out_features) kernel.
+      b: (out_features,) bias or ``None``.
+      recipe: a :class:`Recipe` (static).
+
+    Returns:
+      (..., out_features) float32.
+    """
+    lead = x.shape[:-1]
+    y = _dense2d(x.reshape(-1, x.shape[-1]), w, b, recipe)
+    return y.reshape(*lead, w.shape[1])
+
+
+def quantize_affine(p, recipe: Recipe):
+    """A LayerNorm gain or bias as the recipe's LN treatment sees it:
+    MX-quantized in blocks along the feature axis (straight-through gradient)
+    when ``recipe.ln_affine`` is set, else in vector precision."""
+    prec = "fp32" if recipe.ln_precision == "fp32" else recipe.vector
+    if recipe.ln_affine is None:
+        return vround(p, prec)
+    return quantize(vround(p, prec), recipe.ln_affine, axis=-1)
+
+
+def layer_norm(x, gain, bias, recipe: Recipe, eps: float = 1e-5):
+    """LayerNorm over the last axis with every op in the recipe's LN precision.
+
+    ``gain``/``bias`` may be ``None`` (no affine). Matches ``torch.nn.LayerNorm``
+    (biased variance, eps inside the square root).
+    """
+    prec = "fp32" if recipe.ln_precision == "fp32" else recipe.vector
+    r = functools.partial(vround, precision=prec)
+    x = r(x)
+    mean = r(jnp.mean(x, axis=-1, keepdims=True))
+    xc = r(x - mean)
+    var = r(jnp.mean(r(xc * xc), axis=-1, keepdims=True))
+    y = r(xc * r(jax.lax.rsqrt(r(var + eps))))
+    if gain is not None:
+        y = r(y * quantize_affine(gain, recipe))
+    if bias is not None:
+        y = r(y + quantize_affine(bias, recipe))
+    return y
+
+
+def activation(name: str, x, recipe: Recipe):
+    """An activation in the recipe's activation precision.
+
+    ``swiglu`` splits the last axis in halves (a, b) and returns silu(a)·b.
+    GELU is the exact (erf) form, PyTorch's default.
+    """
+    prec = "fp32" if recipe.act_precision == "fp32" else recipe.vector
+    r = functools.partial(vround, precision=prec)
+    x = r(x)
+    if name == "gelu":
+        return r(jax.nn.gelu(x, approximate=False))
+    if name == "relu":
+        return jax.nn.relu(x)
+    if name == "tanh":
+        return r(jnp.tanh(x))
+    if name == "linear":
+        return x
+    if name == "swiglu":
+        a, b = jnp.split(x, 2, axis=-1)
+        return r(r(jax.nn.silu(a)) * b)
+    raise ValueError(f"unknown activation {name!r}; valid: {', '.join(ACTIVATIONS)}")

@@ -1,0 +1,224 @@
+"""Precision recipes: which tensor of a dense layer gets which MX format.
+
+A dense layer ``y = x @ W + b`` (W of shape (in, out)) runs three GEMMs. Each
+operand is quantized along that GEMM's contraction axis, as in the reference
+library's MX linear layer:
+
+=========  ======================  =============================  ================================
+GEMM       product                 operand A (block axis)         operand B (block axis)
+=========  ======================  =============================  ================================
+forward    y  = x @ W              ``fwd_x``: x along in-features  ``fwd_w``: W along in (axis 0)
+dgrad      dx = g @ Wᵀ             ``dgrad_g``: g along out        ``dgrad_w``: W along out (axis 1)
+wgrad      dW = xᵀ @ g             ``wgrad_x``: x along batch      ``wgrad_g``: g along batch
+=========  ======================  =============================  ================================
+
+An operand whose spec is ``None`` enters its GEMM in the vector precision.
+Non-GEMM ("vector") math -- GEMM inputs and outputs, bias, LayerNorm
+internals, activation functions, and their backward -- is rounded
+elementwise to ``vector`` precision (``"bf16"`` like the reference library,
+or ``"fp32"``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from proxy.quantize import MXSpec
+
+__all__ = ["Recipe", "PRESETS", "get", "names", "VECTOR_PRECISIONS", "table"]
+
+VECTOR_PRECISIONS = ("fp32", "bf16")
+_OPERANDS = ("fwd_x", "fwd_w", "dgrad_g", "dgrad_w", "wgrad_x", "wgrad_g")
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """A precision recipe (frozen, hashable: a static argument of ``jax.jit``).
+
+    Attributes:
+      name: label used in tables and plots.
+      fwd_x, fwd_w, dgrad_g, dgrad_w, wgrad_x, wgrad_g: the :class:`MXSpec` of
+        each GEMM operand (see the module table) or ``None``.
+      vector: precision of non-GEMM math, ``"bf16"`` or ``"fp32"``.
+      ln_precision: LayerNorm math in ``"vector"`` precision or ``"fp32"``
+        (the paper's "don't quantize LayerNorm" mitigation).
+      ln_affine: if set, LayerNorm gain and bias are MX-quantized with this
+        spec in blocks along the feature axis (the mechanism the paper argues
+        for); ``None`` keeps them in vector precision (the reference library).
+      act_precision: activation-function math in ``"vector"`` precision or
+        ``"fp32"`` (the paper's "stop quantizing GELU" intervention).
+      backend: GEMM implementation, ``"xla"`` (quantize, then ``jnp.dot``) or
+        ``"pallas"`` (the fused kernels in ``kernels/``).
+    """
+
+    name: str = "custom"
+    fwd_x: MXSpec | None = None
+    fwd_w: MXSpec | None = None
+    dgrad_g: MXSpec | None = None
+    dgrad_w: MXSpec | None = None
+    wgrad_x: MXSpec | None = None
+    wgrad_g: MXSpec | None = None
+    vector: str = "fp32"
+    ln_precision: str = "vector"
+    ln_affine: MXSpec | None = None
+    act_precision: str = "vector"
+    backend: str = "xla"
+
+    def __post_init__(self):
+        for field in _OPERANDS + ("ln_affine",):
+            spec = getattr(self, field)
+            if spec is not None and not isinstance(spec, MXSpec):
+                raise ValueError(f"Recipe.{field} must be an MXSpec or None, got {spec!r}")
+        if self.vector not in VECTOR_PRECISIONS:
+            raise ValueError(f"unknown vector precision {self.vector!r}; valid: {', '.join(VECTOR_PRECISIONS)}")
+        for field in ("ln_precision", "act_precision"):
+            if getattr(self, field) not in ("vector", "fp32"):
+                raise ValueError(f"unknown {field} {getattr(self, field)!r}; valid: vector, fp32")
+        if self.backend not in ("xla", "pallas"):
+            raise ValueError(f"unknown backend {self.backend!r}; valid: xla, pallas")
+
+    def replace(self, **changes) -> "Recipe":
+        """A variant (``dataclasses.replace``); the name is kept unless given."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def is_full_precision(self) -> bool:
+        """True when nothing is quantized or rounded below float32."""
+        return (
+            all(getattr(self, f) is None for f in _OPERANDS + ("ln_affine",))
+            and self.vector == "fp32"
+        )
+
+    @property
+    def quantizes_backward(self) -> bool:
+        return any(getattr(self, f) is not None for f in ("dgrad_g", "dgrad_w", "wgrad_x", "wgrad_g"))
+
+    @property
+    def weight_spec(self) -> MXSpec | None:
+        """The spec the weights see in the forward GEMM; the paper counts LN
+        clamping as if the gains were quantized with it."""
+        return self.fwd_w
+
+    def map_specs(self, fn) -> "Recipe":
+        """Apply ``fn(spec) -> spec`` to every non-None MX spec."""
+        changes = {f: fn(getattr(self, f)) for f in _OPERANDS + ("ln_affine",) if getattr(self, f) is not None}
+        return dataclasses.replace(self, **changes)
+
+
+def _uniform(name: str, element: str, *, rule: str = "floor", rounding: str = "even",
+             ln_affine: bool = True, vector: str = "bf16") -> Recipe:
+    s = MXSpec(element, scale_rule=rule, rounding=rounding)
+    return Recipe(name, s, s, s, s, s, s, vector=vector, ln_affine=s if ln_affine else None)
+
+
+def _mixed(name: str, fwd: str, bwd: str, *, rounding: str = "even", ln_affine: bool = True) -> Recipe:
+    f = MXSpec(fwd, rounding=rounding)
+    b = MXSpec(bwd, rounding=rounding)
+    return Recipe(name, f, f, b, b, b, b, vector="bf16", ln_affine=f if ln_affine else None)
+
+
+def _build_presets() -> dict[str, Recipe]:
+    e4m3 = _uniform("mxfp8_e4m3", "fp8_e4m3")
+    presets = [
+        Recipe("fp32"),
+        Recipe("bf16", vector="bf16"),
+        e4m3,
+        _uniform("mxfp8_e5m2", "fp8_e5m2"),
+        _mixed("mxfp8_mixed", "fp8_e4m3", "fp8_e5m2"),
+        _uniform("mxfp6_e2m3", "fp6_e2m3"),
+        _uniform("mxfp6_e3m2", "fp6_e3m2"),
+        _uniform("mxfp4", "fp4_e2m1"),
+        _uniform("mxint8", "int8"),
+        e4m3.replace(name="forward_only", dgrad_g=None, dgrad_w=None, wgrad_x=None, wgrad_g=None),
+        e4m3.replace(name="bf16_activations", fwd_x=None, dgrad_g=None, wgrad_x=None, wgrad_g=None,
+                     ln_affine=None),
+        e4m3.replace(name="ln_exempt", ln_precision="fp32", ln_affine=None),
+        _uniform("rceil", "fp8_e4m3", rule="rceil"),
+        _mixed("reference_mixed", "fp8_e4m3", "fp8_e5m2", rounding="away", ln_affine=False),
+    ]
+    return {r.name: r for r in presets}
+
+
+PRESETS: dict[str, Recipe] = _build_presets()
+
+_DESCRIPTIONS = {
+    "fp32": "everything in float32: the skyline",
+    "bf16": "no MX; GEMM operands and all vector math rounded to bfloat16",
+    "mxfp8_e4m3": "all six GEMM operands MXFP8 E4M3; LN gain/bias MX E4M3; bf16 vector math",
+    "mxfp8_e5m2": "as mxfp8_e4m3 with E5M2 everywhere",
+    "mxfp8_mixed": "E4M3 forward (and LN affine), E5M2 backward: the paper's 'mx-mix'",
+    "mxfp6_e2m3": "as mxfp8_e4m3 with FP6 E2M3 everywhere",
+    "mxfp6_e3m2": "as mxfp8_e4m3 with FP6 E3M2 everywhere",
+    "mxfp4": "as mxfp8_e4m3 with FP4 E2M1 everywhere",
+    "mxint8": "as mxfp8_e4m3 with MXINT8 everywhere",
+    "forward_only": "mxfp8_e4m3 forward; backward GEMMs unquantized (bf16): paper mitigation",
+    "bf16_activations": "weights MXFP8 E4M3 in forward and dgrad; activations, gradients and LN in bf16: paper mitigation",
+    "ln_exempt": "mxfp8_e4m3 but LN math in fp32 and LN affine not quantized: paper mitigation",
+    "rceil": "mxfp8_e4m3 with the round-up ('bumped exponent') scale: never clamps",
+    "reference_mixed": "the reference library's mx-mix exactly: E4M3 fwd, E5M2 bwd, bf16 vector math, ties away, LN affine unquantized",
+}
+
+
+def names() -> tuple[str, ...]:
+    return tuple(PRESETS)
+
+
+def get(recipe: str | Recipe) -> Recipe:
+    """A preset by name (or a :class:`Recipe` passed through).
+
+    Raises:
+      ValueError: naming the unknown value and the valid presets.
+    """
+    if isinstance(recipe, Recipe):
+        return recipe
+    if isinstance(recipe, str) and recipe in PRESETS:
+        return PRESETS[recipe]
+    raise ValueError(f"unknown recipe {recipe!r}; valid: {', '.join(PRESETS)}")
+
+
+def table() -> str:
+    """A markdown table of every preset (the README embeds it)."""
+
+    def fmt(spec):
+        return "–" if spec is None else f"{spec.element.name}/{spec.scale_rule}/{spec.rounding}"
+
+    rows = ["| recipe | forward x, W | dgrad g, W | wgrad x, g | LN affine | vector | what |",
+            "|---|---|---|---|---|---|---|"]
+    for n, r in PRESETS.items():
+        rows.append(
+            f"| `{n}` | {fmt(r.fwd_x)}, {fmt(r.fwd_w)} | {fmt(r.dgrad_g)}, {fmt(r.dgrad_w)} | "
+            f"{fmt(r.wgrad_x)}, {fmt(r.wgrad_g)} | {fmt(r.ln_affine)} | {r.vector}"
+            f"{' (LN fp32)' if r.ln_precision == 'fp32' else ''} | {_DESCRIPTIONS[n]} |"
+        )
+    return "\n".join(rows)
+
+
+def _spec_to_json(spec: MXSpec | None):
+    if spec is None:
+        return None
+    return {"element": spec.element.name, "block_size": spec.block_size,
+            "scale_rule": spec.scale_rule, "rounding": spec.rounding}
+
+
+def to_json(recipe: Recipe):
+    """The preset name if ``recipe`` is an unmodified preset, else a dict."""
+    if PRESETS.get(recipe.name) == recipe:
+        return recipe.name
+    out = {}
+    for f in dataclasses.fields(recipe):
+        v = getattr(recipe, f.name)
+        out[f.name] = _spec_to_json(v) if isinstance(v, MXSpec) or f.name in _OPERANDS + ("ln_affine",) else v
+    return out
+
+
+def from_json(obj) -> Recipe:
+    """Inverse of :func:`to_json`."""
+    if isinstance(obj, (str, Recipe)):
+        return get(obj)
+    if not isinstance(obj, dict):
+        raise ValueError(f"cannot read a recipe from {obj!r}")
+    kw = dict(obj)
+    for f in _OPERANDS + ("ln_affine",):
+        if kw.get(f) is not None:
+            kw[f] = MXSpec(**kw[f])
+    return Recipe(**kw)
