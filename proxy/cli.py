@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
+import json
+import os
 import sys
+import typing
 
 from proxy.bench import BENCHMARKS
 
@@ -21,6 +25,78 @@ def _bench(args) -> int:
     return int(module.main(args.rest) or 0)
 
 
+_CHOICES = {  # fields whose valid values argparse should list
+    "act": "proxy.layers:ACTIVATIONS", "teacher_act": "proxy.layers:ACTIVATIONS", "norm": "proxy.model:NORMS",
+    "init": "proxy.model:INITS", "optimizer": "proxy.config:OPTIMIZERS", "schedule": "proxy.config:SCHEDULES",
+    "gradient_reference": "proxy.config:GRADIENT_REFERENCES", "recipe": "proxy.recipe:PRESETS",
+}
+
+
+def _lookup(path: str):
+    module, name = path.split(":")
+    return tuple(getattr(importlib.import_module(module), name))
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, *, nargs: str | None = None) -> None:
+    """One ``--field-name`` option per :class:`proxy.Config` field, typed from
+    its default (``nargs="+"`` turns each into a list, for sweeps)."""
+    from proxy.config import Config
+
+    hints = typing.get_type_hints(Config)
+    for f in dataclasses.fields(Config):
+        default = f.default
+        hint = hints[f.name]
+        if f.name in _CHOICES:
+            kind, choices = str, _lookup(_CHOICES[f.name])
+        else:
+            choices = None
+            kind = type(default) if default is not None else (int if "int" in str(hint) else str)
+            if kind is tuple:
+                kind = int
+        parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, choices=choices,
+                            nargs=nargs or ("*" if isinstance(default, tuple) else None), default=None,
+                            help=f"default: {default!r}")
+
+
+def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace, base=None):
+    """The Config the options ask for; a bad value exits with status 2."""
+    from proxy.config import Config
+
+    changes = {f.name: getattr(args, f.name) for f in dataclasses.fields(Config)
+               if getattr(args, f.name, None) is not None}
+    changes = {k: tuple(v) if isinstance(v, list) else v for k, v in changes.items()}
+    try:
+        return (base or Config()).replace(**changes)
+    except ValueError as err:
+        parser.error(str(err))
+
+
+def _train(args) -> int:
+    import proxy
+
+    config = config_from_args(args.parser, args)
+    run = proxy.train(config, progress=not args.quiet)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "config.json"), "w") as fh:
+            json.dump(config.to_dict(), fh, indent=1, sort_keys=True)
+        run.metrics.to_parquet(os.path.join(args.out, "metrics.parquet"))
+        print(f"{run.summary()} -> {args.out}")
+    else:
+        print(run.summary())
+    return 0
+
+
+def _figures(args) -> int:
+    from proxy.figures import generate
+
+    try:
+        generate(args.only, scale=args.scale, out=args.out, pdf=args.pdf)
+    except ValueError as err:
+        args.parser.error(str(err))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="proxy", description="MX low-precision training workbench")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -28,6 +104,21 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("name", help=f"one of: {', '.join(BENCHMARKS)}")
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     bench.set_defaults(func=_bench)
+
+    train = sub.add_parser("train", help="train one run and write config.json + metrics.parquet")
+    add_config_arguments(train)
+    train.add_argument("--out", default=None, help="folder to write the run into (default: print only)")
+    train.add_argument("--quiet", action="store_true", help="no progress bar")
+    train.set_defaults(func=_train, parser=train)
+
+    from proxy.figures import FIGURES, SCALES
+
+    figures = sub.add_parser("figures", help="regenerate the figures (PNG, optionally PDF)")
+    figures.add_argument("--scale", default="quick", choices=SCALES, help="experiment scale (default: quick)")
+    figures.add_argument("--only", nargs="+", metavar="NAME", help=f"figures to make; valid: {', '.join(FIGURES)}")
+    figures.add_argument("--out", default="figures", help="output folder (default: figures/)")
+    figures.add_argument("--pdf", action="store_true", help="also write PDF")
+    figures.set_defaults(func=_figures, parser=figures)
     return parser
 
 

@@ -36,15 +36,24 @@ def _q(x, spec: MXSpec | None, axis: int, vector: str):
     return vround(x, vector) if spec is None else quantize(vround(x, vector), spec, axis=axis)
 
 
-def mx_matmul(a, b, a_spec: MXSpec | None, b_spec: MXSpec | None, vector: str = "fp32", backend: str = "xla"):
-    """``a (M, K) @ b (K, N)`` with both operands quantized along K, float32
-    accumulation, output rounded to ``vector`` precision."""
-    if backend == "pallas":
-        from kernels.mx_matmul import mx_dot  # the fused kernel path (optional dependency)
+def mx_matmul(a, b, a_spec: MXSpec | None, b_spec: MXSpec | None, vector: str = "fp32", backend: str = "xla",
+              *, a_axis: int = 1, b_axis: int = 0):
+    """Contract 2-D ``a`` and ``b`` over ``a_axis``/``b_axis`` (K), each operand
+    quantized along K, float32 accumulation, output rounded to ``vector``.
 
-        out = mx_dot(vround(a, vector), vround(b, vector), a_spec, b_spec)
+    The defaults are ``a (M, K) @ b (K, N)``. Other axes avoid materialized
+    transposes, so the fp32 recipe reproduces JAX's own dot gradients bit for bit.
+    """
+    if backend == "pallas":
+        from kernels.mx_matmul import mx_dot  # the fused kernel path
+
+        a2 = a if a_axis == 1 else a.T
+        b2 = b if b_axis == 0 else b.T
+        out = mx_dot(vround(a2, vector), vround(b2, vector), a_spec, b_spec)
     else:
-        out = jnp.dot(_q(a, a_spec, 1, vector), _q(b, b_spec, 0, vector), precision=_HIGHEST)
+        dims = (((a_axis,), (b_axis,)), ((), ()))
+        out = jax.lax.dot_general(_q(a, a_spec, a_axis, vector), _q(b, b_spec, b_axis, vector), dims,
+                                  precision=_HIGHEST)
     return vround(out, vector)
 
 
@@ -63,8 +72,8 @@ def _dense2d_bwd(recipe, res, g):
     x, w, b = res
     r = recipe
     g = vround(g, r.vector)
-    dx = mx_matmul(g, w.T, r.dgrad_g, r.dgrad_w, r.vector, r.backend)  # contracts out-features
-    dw = mx_matmul(x.T, g, r.wgrad_x, r.wgrad_g, r.vector, r.backend)  # contracts the batch
+    dx = mx_matmul(g, w, r.dgrad_g, r.dgrad_w, r.vector, r.backend, a_axis=1, b_axis=1)  # over out-features
+    dw = mx_matmul(x, g, r.wgrad_x, r.wgrad_g, r.vector, r.backend, a_axis=0, b_axis=0)  # over the batch
     db = None if b is None else vround(jnp.sum(g, axis=0), r.vector)
     return dx, dw, db
 

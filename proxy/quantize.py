@@ -193,35 +193,83 @@ def _scale_exponent(amax_bits, spec: MXSpec):
     return e, nan_block
 
 
-def _round_bits(a, e, fmt: ElementFormat, rounding: str, rbits):
+def _block_amax(a, axis: int):
+    """Max of the magnitude bits ``a`` over the block-element axis ``axis + 1``
+    (kept, size 1). When that axis is the minor one, reducing it in two stages
+    (.., bs/4, 4) lets XLA:CPU vectorize the reduction (about 4x faster)."""
+    bs = a.shape[axis + 1]
+    if axis + 2 == a.ndim and bs % 4 == 0 and bs >= 8:
+        a4 = a.reshape(a.shape[:-1] + (bs // 4, 4))
+        return jnp.max(jnp.max(a4, axis=-1), axis=-1, keepdims=True)
+    return jnp.max(a, axis=axis + 1, keepdims=True)
+
+
+def _block_params(amax, spec: MXSpec):
+    """Everything the element rounding needs from a block, computed once per
+    block: (e, nan_block, sat, v, step, half).
+
+    * ``sat``: bits of ``max_normal * 2**e`` (saturation bound).
+    * ``step``/``half``: bits of the smallest grid step ``2**s0`` and of its
+      half, with ``s0 = emin + e - m`` (the element subnormal step).
+    * ``v = s0 + 150``: with it the number of bits of an element below its grid
+      step is ``max(23 - m, v - field)`` for a normal float32 element.
+    """
+    fmt = spec.element
+    e, nan_block = _scale_exponent(amax, spec)
+    sat = _max_normal_bits(fmt, e)
+    s0 = e + (fmt.emin - fmt.mantissa_bits)
+    step = _pow2_bits(s0)
+    half = _pow2_bits(s0 - 1)
+    v = s0 + 150
+    return e, nan_block, sat, v, step, half
+
+
+def _shl(x, n):
+    """x << n for uint32 x and int32 n; 0 where n is outside [0, 31] (XLA semantics)."""
+    return jax.lax.shift_left(x, n.astype(jnp.uint32))
+
+
+def _shr(x, n):
+    return jax.lax.shift_right_logical(x, n.astype(jnp.uint32))
+
+
+def _round_bits(a, v, step, half, fmt: ElementFormat, rounding: str, rbits):
     """Round magnitudes ``a`` (uint32 float32 bits, already saturated) to the
-    grid of ``fmt`` scaled by 2**e. Returns uint32 bits."""
+    grid of ``fmt`` scaled by 2**e (block parameters from :func:`_block_params`,
+    broadcastable to ``a``). Returns uint32 bits.
+
+    Two exact cases:
+
+    * ``a >= step`` (at least one grid step): the step is ``2**d`` float32 ulps
+      of the element with ``d`` in [6, 23], so the rounding is an integer
+      add-and-mask on the bit pattern (bits are linear within a binade, a carry
+      into the exponent field is the next binade's first value; subnormal
+      float32 bits are linear too).
+    * ``a < step``: the result is 0 or ``step``, decided against ``half`` (or,
+      for stochastic rounding, from the 32-bit fixed-point fraction a/step).
+    """
     m = fmt.mantissa_bits
     field = (a >> 23).astype(jnp.int32)
-    # exact floor(log2 |x|), subnormals included (clz of the 23-bit mantissa)
-    ex = jnp.where(field > 0, field - 127, -118 - jax.lax.clz(a).astype(jnp.int32))
-    ulp = jnp.maximum(field, 1) - 150  # exponent of x's last bit
-    s = jnp.maximum(ex, fmt.emin + e) - m  # exponent of the grid step at x
-    d = s - ulp  # bits of x below the grid step (>= 6 for every format)
-    sig = jnp.where(field > 0, (a & np.uint32(0x7FFFFF)) | np.uint32(0x800000), a)  # 24-bit significand
-    dd = jnp.clip(d, 0, 31).astype(jnp.uint32)
-    low_mask = jnp.left_shift(_u32(1), dd) - np.uint32(1)
-    # fractional part of x/step, as a 32-bit fixed-point fraction
-    frac_hi = jnp.left_shift(sig & low_mask, jnp.clip(32 - d, 0, 31).astype(jnp.uint32))
-    frac_lo = jnp.right_shift(sig, jnp.clip(d - 32, 0, 31).astype(jnp.uint32))
-    frac = jnp.where(d <= 32, frac_hi, jnp.where(d - 32 < 24, frac_lo, np.uint32(0)))
-    small = d <= 23  # rounding stays inside the mantissa field
-    floor_bits = jnp.where(small, a & ~low_mask, np.uint32(0))
-    half = np.uint32(0x80000000)
+    f1 = jnp.maximum(field, 1)
+    # bits of a below its grid step: max(exponent of a's step - exponent of a's ulp)
+    # normal a: max(23 - m, v - field); subnormal a: max(31 - m - clz(a), v - 1)
+    lz = jnp.maximum(jax.lax.clz(a).astype(jnp.int32), 8)
+    d = jnp.maximum((31 - m) - lz, v - f1)
+    low = _shl(_u32(1), d) - np.uint32(1)  # d <= 23 wherever this is used
     if rounding == "even":
-        odd = jnp.where(small, (a >> dd) & np.uint32(1), np.uint32(0)) == 1
-        up = (frac > half) | ((frac == half) & odd)
+        big = (a + (low >> 1) + (_shr(a, d) & np.uint32(1))) & ~low
+        up_small = a > half
     elif rounding == "away":
-        up = frac >= half
-    else:  # stochastic: carry out of frac + r
-        up = (frac + rbits) < rbits
-    step_bits = jnp.where(small, jnp.left_shift(_u32(1), dd), _pow2_bits(s))
-    return floor_bits + jnp.where(up, step_bits, np.uint32(0))
+        big = (a + (low >> 1) + np.uint32(1)) & ~low
+        up_small = a >= half
+    else:  # stochastic: round up iff frac + r / 2**32 >= 1
+        big = (a + _shr(rbits, 32 - d)) & ~low
+        # 24-bit significand (subnormal: a itself), and a/step as 32-bit fixed point
+        sig = a - ((f1 - 1).astype(jnp.uint32) << 23)
+        frac = _shl(sig, 32 - d) | _shr(sig, d - 32)
+        up_small = (frac + rbits) < rbits
+    small = jnp.where(up_small, step, np.uint32(0))
+    return jnp.where(a < step, small, big)
 
 
 def _quantize_blocks(xb, spec: MXSpec, axis: int, rbits):
@@ -232,10 +280,9 @@ def _quantize_blocks(xb, spec: MXSpec, axis: int, rbits):
     fmt = spec.element
     bits = jax.lax.bitcast_convert_type(xb, jnp.uint32)
     a = bits & _ABS
-    amax = jnp.max(a, axis=axis + 1, keepdims=True)
-    e, nan_block = _scale_exponent(amax, spec)
-    sat = _max_normal_bits(fmt, e)
-    q = _round_bits(jnp.minimum(a, sat), e, fmt, spec.rounding, rbits)
+    amax = _block_amax(a, axis)
+    e, nan_block, sat, v, step, half = _block_params(amax, spec)
+    q = _round_bits(jnp.minimum(a, sat), v, step, half, fmt, spec.rounding, rbits)
     q = jnp.where(nan_block, _QNAN, q | (bits & _SIGN))
     return q, a, e, nan_block, sat
 
