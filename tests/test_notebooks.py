@@ -1,0 +1,33 @@
+"""Every notebook runs top to bottom at the smoke scale in a real Jupyter kernel."""
+
+import os
+import pathlib
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOKS = sorted(pathlib.Path(__file__).resolve().parent.parent.joinpath("notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_at_smoke_scale(path, tmp_path, monkeypatch):
+    monkeypatch.setenv("PROXY_SCALE", "smoke")
+    monkeypatch.setenv("PROXY_RUNS", str(tmp_path / "runs"))  # a fresh run store per notebook
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors
+
+
+def test_every_notebook_has_one_parameters_cell_and_a_conclusion():
+    assert len(NOTEBOOKS) >= 1
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        tagged = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+        assert len(tagged) == 1, path.name
+        assert "PROXY_SCALE" in tagged[0].source
+        assert any(c.cell_type == "markdown" and "What this shows" in c.source for c in nb.cells), path.name
