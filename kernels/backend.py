@@ -31,13 +31,18 @@ LOWERING_PLATFORM = "cuda"  # the platform compiled kernels target
 
 
 def resolve_interpret(interpret: bool | None) -> bool:
-    """``interpret`` as given, or (``None``) True exactly when JAX runs on the CPU.
+    """``interpret`` as given, or (``None``) True on a CPU backend, False on a GPU.
 
     Raises:
-      ValueError: for anything but ``None``, ``True`` or ``False``.
+      ValueError: for anything but ``None``, ``True`` or ``False``, and for
+        ``None`` on a backend that is neither (e.g. TPU).
     """
     if interpret is None:
-        return jax.default_backend() == "cpu"
+        platform = jax.default_backend()
+        if platform not in ("cpu", "gpu"):
+            raise ValueError(f"the MX kernels are compiled for NVIDIA GPUs (Pallas {BACKEND}) or interpreted; "
+                             f"on backend {platform!r} pass interpret=True")
+        return platform == "cpu"
     if isinstance(interpret, bool):
         return interpret
     raise ValueError(f"interpret must be None (auto: True on CPU, False on GPU), True or False; got {interpret!r}")

@@ -45,11 +45,10 @@ def mx_matmul(a, b, a_spec: MXSpec | None, b_spec: MXSpec | None, vector: str = 
     transposes, so the fp32 recipe reproduces JAX's own dot gradients bit for bit.
     """
     if backend == "pallas":
-        from kernels.mx_matmul import mx_dot  # the fused kernel path
+        from kernels.mx_matmul import mx_dot  # the fused kernel path (no transposes materialized)
 
-        a2 = a if a_axis == 1 else a.T
-        b2 = b if b_axis == 0 else b.T
-        out = mx_dot(vround(a2, vector), vround(b2, vector), a_spec, b_spec)
+        out = mx_dot(vround(a, vector), vround(b, vector), a_spec, b_spec,
+                     a_contract_axis=-1 if a_axis == 1 else 0, b_contract_axis=b_axis)
     else:
         dims = (((a_axis,), (b_axis,)), ((), ()))
         out = jax.lax.dot_general(_q(a, a_spec, a_axis, vector), _q(b, b_spec, b_axis, vector), dims,

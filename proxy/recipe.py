@@ -76,6 +76,11 @@ class Recipe:
                 raise ValueError(f"unknown {field} {getattr(self, field)!r}; valid: vector, fp32")
         if self.backend not in ("xla", "pallas"):
             raise ValueError(f"unknown backend {self.backend!r}; valid: xla, pallas")
+        if self.backend == "pallas":
+            stochastic = [f for f in _OPERANDS if getattr(self, f) is not None and getattr(self, f).rounding == "stochastic"]
+            if stochastic:
+                raise ValueError(f"backend 'pallas' supports roundings even and away; {', '.join(stochastic)} "
+                                 f"use stochastic rounding (valid with backend 'xla')")
 
     def replace(self, **changes) -> "Recipe":
         """A variant (``dataclasses.replace``); the name is kept unless given."""

@@ -125,3 +125,24 @@ def test_activations_in_fp32(name):
 def test_unknown_activation_is_a_value_error():
     with pytest.raises(ValueError, match="valid: gelu"):
         activation("softplus", jnp.ones(3), recipes.get("fp32"))
+
+
+@pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp8_mixed", "forward_only"])
+def test_pallas_backend_matches_xla(name):
+    """The fused kernels (interpret mode on CPU) give the XLA path's results up
+    to float32 summation order; the quantized operands are bit-identical."""
+    x, w, b, g = _operands(6, b=48, i=64, o=32)
+    r = recipes.get(name)
+    outs = {}
+    for backend in ("xla", "pallas"):
+        rb = r.replace(backend=backend)
+        y, vjp = jax.vjp(lambda x, w, b: mx_dense(x, w, b, rb), x, w, b)
+        outs[backend] = (y, *vjp(g))
+    for a, e in zip(outs["pallas"], outs["xla"]):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=1e-2, atol=1e-5)  # bf16 outputs: 1 ulp
+
+
+def test_pallas_backend_refuses_stochastic_rounding():
+    s = MXSpec("fp8_e4m3", rounding="stochastic")
+    with pytest.raises(ValueError, match="stochastic"):
+        recipes.Recipe(fwd_x=s, backend="pallas")
