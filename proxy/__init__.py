@@ -7,6 +7,8 @@ The public API a notebook sees::
     fp32, mx = proxy.train(cfg.replace(recipe="fp32")), proxy.train(cfg)
     mx.metrics        # pandas DataFrame: step, loss, grad_norm, zeta_bound, cosine, ln_clamp_frac, ...
     mx.diverged_at    # step or None
+    sw = proxy.sweep(cfg, lr=[1e-4, 3e-4, 1e-3], seed=[0, 1], recipe=["fp32", "mxfp8_mixed"])
+    saved = proxy.intervene(mx, at_step=1500, recipe="fp32")
 
     spec = proxy.MXSpec("fp8_e4m3")           # block 32, OCP floor scale, ties to even
     q = proxy.quantize(x, spec, axis=-1)       # float32 values on the MX grid
@@ -19,8 +21,10 @@ from proxy.config import Config
 from proxy.formats import ElementFormat
 from proxy.quantize import MXSpec, QuantStats, quantize, quantize_stats
 from proxy.recipe import Recipe
-from proxy.run import Run, train
+from proxy import experiments
+from proxy.experiments import Sweep, intervene, sweep, train
+from proxy.run import Run
 
-__all__ = ["formats", "recipes", "Config", "ElementFormat", "MXSpec", "QuantStats", "Recipe", "Run",
-           "quantize", "quantize_stats", "train"]
+__all__ = ["formats", "recipes", "experiments", "Config", "ElementFormat", "MXSpec", "QuantStats", "Recipe", "Run",
+           "Sweep", "intervene", "quantize", "quantize_stats", "sweep", "train"]
 __version__ = "0.1.0"

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
-import json
-import os
 import sys
 import typing
 
@@ -75,15 +73,8 @@ def _train(args) -> int:
     import proxy
 
     config = config_from_args(args.parser, args)
-    run = proxy.train(config, progress=not args.quiet)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "config.json"), "w") as fh:
-            json.dump(config.to_dict(), fh, indent=1, sort_keys=True)
-        run.metrics.to_parquet(os.path.join(args.out, "metrics.parquet"))
-        print(f"{run.summary()} -> {args.out}")
-    else:
-        print(run.summary())
+    run = proxy.train(config, store=args.out, force=args.force, progress=not args.quiet)
+    print(f"{run.summary()}" + (f" -> {run.path}" if run.path else ""))
     return 0
 
 
@@ -100,14 +91,20 @@ def _figures(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="proxy", description="MX low-precision training workbench")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    from proxy.experiments_cli import add_experiment_commands
+
+    add_experiment_commands(sub)
     bench = sub.add_parser("bench", help="run a benchmark and print measured ratios")
     bench.add_argument("name", help=f"one of: {', '.join(BENCHMARKS)}")
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     bench.set_defaults(func=_bench)
 
-    train = sub.add_parser("train", help="train one run and write config.json + metrics.parquet")
+    train = sub.add_parser("train", help="train one run into the run store (config.json, metrics.parquet, ...)")
     add_config_arguments(train)
-    train.add_argument("--out", default=None, help="folder to write the run into (default: print only)")
+    train.add_argument("--out", default=None,
+                       help="run store folder; the run lands in OUT/<config hash>/ (default: $PROXY_STORE or runs/; "
+                            "'off' keeps it in memory)")
+    train.add_argument("--force", action="store_true", help="retrain even if the store holds this config")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.set_defaults(func=_train, parser=train)
 

@@ -8,6 +8,8 @@ import json
 import math
 from typing import Any
 
+import numpy as np
+
 from proxy import recipe as _recipes
 from proxy.layers import ACTIVATIONS
 from proxy.model import INITS, NORMS
@@ -48,6 +50,12 @@ class Config:
     ``val_every`` steps (a multiple of ``diagnostics_every``) the loss on
     ``val_batches`` held-out batches. A run stops at the first non-finite loss
     or a loss above ``spike_factor`` × the previous step's.
+
+    Checkpoints (host side only, they never change the compiled program):
+    the full train state is saved every ``checkpoint_every`` steps (0 = never)
+    and at each step of ``checkpoint_at``; a checkpoint step must be a multiple
+    of ``diagnostics_every`` so that a run resumed there records diagnostics
+    on the same steps. ``proxy.intervene`` continues a run from one.
     """
 
     width: int = 128
@@ -81,6 +89,8 @@ class Config:
     val_every: int = 100
     val_batches: int = 4
     spike_factor: float = 100.0
+    checkpoint_every: int = 0
+    checkpoint_at: tuple[int, ...] = ()
 
     def __post_init__(self):
         def positive_int(name, allow_zero=False):
@@ -105,7 +115,8 @@ class Config:
 
         for name in ("width", "depth", "batch", "steps", "val_batches"):
             positive_int(name)
-        for name in ("seed", "data_seed", "teacher_seed", "diagnostics_every", "val_every", "warmup_steps"):
+        for name in ("seed", "data_seed", "teacher_seed", "diagnostics_every", "val_every", "warmup_steps",
+                     "checkpoint_every"):
             positive_int(name, allow_zero=True)
         for name in ("teacher_width", "teacher_depth"):
             if getattr(self, name) is not None:
@@ -131,6 +142,17 @@ class Config:
         if self.diagnostics_every and self.val_every and self.val_every % self.diagnostics_every:
             raise ValueError(
                 f"val_every ({self.val_every}) must be a multiple of diagnostics_every ({self.diagnostics_every})")
+        at = self.checkpoint_at
+        if isinstance(at, (str, bytes)) or not hasattr(at, "__iter__"):
+            raise ValueError(f"checkpoint_at must be a tuple of steps, got {at!r}")
+        at = tuple(sorted(set(at)))
+        if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t <= 0 for t in at):
+            raise ValueError(f"checkpoint_at must hold positive integer steps, got {self.checkpoint_at!r}")
+        object.__setattr__(self, "checkpoint_at", tuple(int(t) for t in at))
+        P = self.diagnostics_every
+        for t in self.checkpoint_at + ((self.checkpoint_every,) if self.checkpoint_every else ()):
+            if P and t % P:
+                raise ValueError(f"checkpoint step {t} must be a multiple of diagnostics_every ({P})")
         if self.gradient_reference == "paired_run" and not self.diagnostics_every:
             raise ValueError("gradient_reference='paired_run' needs diagnostics_every > 0")
 
@@ -146,6 +168,11 @@ class Config:
         if self.val_every:
             return self.val_every
         return max(self.diagnostics_every, 1) * max(1, 100 // max(self.diagnostics_every, 1))
+
+    def checkpoint_steps(self) -> tuple[int, ...]:
+        """Every step (1 … ``steps``) at which the run saves its train state."""
+        every = range(self.checkpoint_every, self.steps + 1, self.checkpoint_every) if self.checkpoint_every else ()
+        return tuple(sorted(set(every) | {t for t in self.checkpoint_at if t <= self.steps}))
 
     def replace(self, **changes) -> "Config":
         """A validated variant; unknown knobs raise a ValueError naming the valid ones."""
@@ -168,6 +195,8 @@ class Config:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Config":
         d = dict(d)
+        if "checkpoint_at" in d:
+            d["checkpoint_at"] = tuple(d["checkpoint_at"])
         if "recipe" in d:
             d["recipe"] = _recipes.from_json(d["recipe"])
         return cls(**d)

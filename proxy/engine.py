@@ -33,10 +33,49 @@ from proxy.model import Student, Teacher
 from proxy.quantize import MXSpec
 from proxy.recipe import PRESETS
 
-__all__ = ["Dynamic", "TrainState", "Program", "program_for", "dynamic_for", "static_key"]
+__all__ = ["Dynamic", "TrainState", "Program", "program_for", "dynamic_for", "static_key", "compiler_options",
+           "scale_by_adam"]
 
 # Config fields a sweep can vary inside one compiled program.
 DYNAMIC_FIELDS = ("lr", "lr_min", "noise", "spike_factor", "seed", "data_seed", "teacher_seed", "steps")
+# Config fields only the host loop reads (checkpointing): they never change the compiled program.
+HOST_FIELDS = ("checkpoint_every", "checkpoint_at")
+
+
+def compiler_options() -> dict | None:
+    """XLA options of every compiled piece of a run (and of a vmapped sweep).
+
+    On CPU, XLA's YNNPACK library fusions reduce in an order that depends on
+    the shape around them, so a member of a vmapped sweep would differ from
+    its single run in the last bits; plain XLA loop fusions reduce each row
+    in the same order whatever the leading (member) axes, which keeps sweeps
+    bit-for-bit equal to individual runs.
+    """
+    return {"xla_cpu_experimental_ynn_fusion_type": ""} if jax.default_backend() == "cpu" else None
+
+
+def scale_by_adam(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
+    """Adam's update direction (optax's ``scale_by_adam`` state and maths), with
+    the bias corrections applied as multiplications by per-step scalars:
+    written as divisions by a broadcast scalar, XLA rewrites them differently
+    with and without a vmapped member axis (a reciprocal in one case, a merged
+    divisor in the other), which changes the last bit of updates."""
+
+    def init(params):
+        return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=jax.tree.map(jnp.zeros_like, params),
+                                      nu=jax.tree.map(jnp.zeros_like, params))
+
+    def update(grads, state, params=None):
+        del params
+        mu = jax.tree.map(lambda g, m: (1 - b1) * g + b1 * m, grads, state.mu)
+        nu = jax.tree.map(lambda g, v: (1 - b2) * (g * g) + b2 * v, grads, state.nu)
+        count = optax.safe_increment(state.count)
+        c1 = 1.0 / (1.0 - b1 ** count.astype(jnp.float32))
+        c2 = 1.0 / (1.0 - b2 ** count.astype(jnp.float32))
+        updates = jax.tree.map(lambda m, v: (m * c1) / (jnp.sqrt(v * c2) + eps), mu, nu)
+        return updates, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
+
+    return optax.GradientTransformation(init, update)
 
 
 class Dynamic(NamedTuple):
@@ -79,7 +118,16 @@ def dynamic_for(config: Config) -> Dynamic:
 def static_key(config: Config) -> Config:
     """The config with every dynamic field at its default: equal keys share a Program."""
     defaults = Config()
-    return config.replace(**{f: getattr(defaults, f) for f in DYNAMIC_FIELDS})
+    fields = DYNAMIC_FIELDS + tuple(f for f in HOST_FIELDS if hasattr(defaults, f))
+    return config.replace(**{f: getattr(defaults, f) for f in fields})
+
+
+def _per_member(x, dyn: Dynamic):
+    """``x`` itself, through a no-op select on a per-run value: under a
+    sweep's vmap a batch shared by all members becomes a per-member copy, so
+    every member's first LayerNorm (and its backward) compiles, and rounds,
+    exactly as in a single run."""
+    return jnp.where(dyn.lr == dyn.lr, x, jnp.nan)
 
 
 def _where(cond, new, old):
@@ -98,7 +146,7 @@ class Program:
         tw, td, ta = c.teacher
         self.teacher = Teacher(width=c.width, hidden=tw, depth=td, act=ta)
         if c.optimizer == "adam":
-            self.tx = optax.scale_by_adam(b1=c.beta1, b2=c.beta2, eps=c.adam_eps)
+            self.tx = scale_by_adam(c.beta1, c.beta2, c.adam_eps)
         elif c.momentum:
             self.tx = optax.trace(decay=c.momentum)
         else:
@@ -108,9 +156,11 @@ class Program:
         rs = c.recipe
         self.ln_spec = rs.weight_spec or MXSpec(c.diagnostic_format)
         self.act_spec = rs.fwd_x or rs.weight_spec or MXSpec(c.diagnostic_format)
-        self.run_segment = jax.jit(self._segment, static_argnames=("n_periods", "tail", "plain"))
-        self.init = jax.jit(self._init)
-        self.val_loss = jax.jit(self._val_loss)
+        opts = compiler_options()
+        self.run_segment = jax.jit(self._segment, static_argnames=("n_periods", "tail", "plain"),
+                                   compiler_options=opts)
+        self.init = jax.jit(self._init, compiler_options=opts)
+        self.val_loss = jax.jit(self._val_loss, compiler_options=opts)
         self._template = None
 
     # -- pieces ---------------------------------------------------------------
@@ -141,7 +191,7 @@ class Program:
         c = self.config
         x, noise = data.train_inputs(jax.random.wrap_key_data(dyn.data_key), t, c.batch, c.width)
         y = data.targets(lambda v: self.teacher.apply({"params": teacher}, v), x, noise, dyn.noise)
-        return x, y
+        return _per_member(x, dyn), y
 
     def _loss_grad(self, model, params, x, y):
         def loss_fn(p):
@@ -270,7 +320,7 @@ class Program:
         for i in range(c.val_batches):
             x, noise = data.val_inputs(key, i, c.batch, c.width)
             y = data.targets(lambda v: self.teacher.apply({"params": teacher}, v), x, noise, dyn.noise)
-            pred = self.student.apply({"params": params}, x)
+            pred = self.student.apply({"params": params}, _per_member(x, dyn))
             total = total + jnp.mean(jnp.square(pred - y))
         return total / c.val_batches
 

@@ -30,7 +30,11 @@ class Run:
       params: final student parameters (numpy pytree; at a divergence, the
         last parameters before it).
       wall_time_s: seconds spent training (compilation included).
-      info: provenance (e.g. the parent run and intervention that made it).
+      info: provenance (e.g. the parent run and intervention that made it;
+        ``key``, the run's key in a run store).
+      path: the run's folder in a run store, or ``None`` (in memory only).
+      checkpoints: in-memory checkpoints ``{step: (TrainState, metrics)}`` of
+        a run kept out of any store (stored runs keep them on disk).
     """
 
     config: Config
@@ -39,6 +43,8 @@ class Run:
     params: Any = None
     wall_time_s: float = 0.0
     info: dict = dataclasses.field(default_factory=dict)
+    path: str | None = None
+    checkpoints: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @property
     def final_loss(self) -> float:
@@ -84,16 +90,24 @@ def metrics_frame(metrics: dict[str, np.ndarray], start: int = 0) -> pd.DataFram
     return frame
 
 
+def segment_length(config: Config, t: int) -> int:
+    """Steps of the host-loop segment starting at step ``t``: up to the next
+    multiple of ``config.chunk``, the end of the run or the next checkpoint."""
+    n = min(config.chunk - t % config.chunk, config.steps - t)
+    later = [c for c in config.checkpoint_steps() if c > t]
+    return min(n, later[0] - t) if later else n
+
+
 def _run_loop(program: Program, config: Config, state: TrainState, dyn, teacher, start: int,
-              progress: bool, on_segment=None):
-    """Train from ``start`` to ``config.steps``; returns (state, frames)."""
-    frames = []
-    chunk = config.chunk
+              progress: bool, on_segment=None, frames=None):
+    """Train from ``start`` to ``config.steps``; returns (state, frames).
+    ``on_segment(t, state, frames)`` runs after each segment (checkpoints)."""
+    frames = list(frames or [])
     bar = tqdm(total=config.steps, initial=start, disable=not progress, desc=config.recipe.name,
                unit="step", leave=False)
     t = start
     while t < config.steps:
-        n = min(chunk, config.steps - t)
+        n = segment_length(config, t)
         val = float(program.val_loss(state.params, dyn, teacher)) if config.val_every and t % config.val_every == 0 else None
         state, m = program.run_segment(state, dyn, teacher, np.int32(t), **program.segment_shape(t, n))
         frame = metrics_frame(jax.device_get(m), start=t)
@@ -104,7 +118,7 @@ def _run_loop(program: Program, config: Config, state: TrainState, dyn, teacher,
         t += n
         bar.update(n)
         if on_segment is not None:
-            on_segment(t, state)
+            on_segment(t, state, frames)
         if bool(state.diverged):
             break
     bar.close()
@@ -119,17 +133,17 @@ def finish(config: Config, state: TrainState, frames, t0: float, info=None) -> R
     return Run(config, metrics, diverged_at, jax.device_get(state.params), time.perf_counter() - t0, info or {})
 
 
-def train(config: Config, *, progress: bool = True) -> Run:
+def train(config: Config, *, progress: bool = True, store=None, force: bool = False) -> Run:
     """Train the student of ``config`` from its seed; see :class:`Run`.
 
     Never raises on divergence: a NaN/Inf or spiking loss stops the run
     cleanly with ``diverged_at`` set and everything before it kept.
+
+    ``store``: a run-store folder (``None``: ``$PROXY_STORE`` or ``runs/``;
+    ``False``: memory only). A config already stored there is loaded instead
+    of trained (``force=True`` retrains); a run interrupted after a
+    checkpoint resumes from it. See :mod:`proxy.experiments`.
     """
-    if not isinstance(config, Config):
-        raise ValueError(f"train needs a proxy.Config, got {type(config).__name__}")
-    t0 = time.perf_counter()
-    program = program_for(config)
-    dyn = dynamic_for(config)
-    state, teacher = program.init(dyn)
-    state, frames = _run_loop(program, config, state, dyn, teacher, 0, progress)
-    return finish(config, state, frames, t0)
+    from proxy import experiments  # the store and checkpoints sit above this module
+
+    return experiments.train(config, progress=progress, store=store, force=force)

@@ -14,7 +14,7 @@ NOTEBOOKS = sorted(pathlib.Path(__file__).resolve().parent.parent.joinpath("note
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_at_smoke_scale(path, tmp_path, monkeypatch):
     monkeypatch.setenv("PROXY_SCALE", "smoke")
-    monkeypatch.setenv("PROXY_RUNS", str(tmp_path / "runs"))  # a fresh run store per notebook
+    monkeypatch.setenv("PROXY_STORE", str(tmp_path / "runs"))  # a fresh run store per notebook
     monkeypatch.setenv("MPLBACKEND", "Agg")
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})

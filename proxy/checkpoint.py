@@ -1,0 +1,124 @@
+"""Checkpoints of a run's train state, saved with orbax-checkpoint.
+
+A checkpoint at step ``t`` holds the state *before* step ``t`` runs (after
+steps 0 … t−1): student parameters, optimizer state, the previous loss and the
+divergence flags, and — with ``gradient_reference="paired_run"`` — the paired
+full-precision run's parameters and optimizer state. The data stream needs no
+saved PRNG state: the batch of step ``t`` is a pure function of the config's
+data seed and ``t`` (see :mod:`proxy.data`), so a resumed run sees the very
+same batches. The metrics recorded up to ``t`` are kept beside the state, so an
+interrupted run can resume and still return its whole history.
+
+On disk (``<run folder>/checkpoints/step_<t>/``): ``state/`` (orbax
+``StandardCheckpointer``), ``metrics.parquet`` and ``meta.json``. The folder is
+assembled under a temporary name and renamed into place, so a checkpoint is
+either complete or absent. Runs kept in memory only hold the same
+``(state, metrics)`` pairs in :attr:`proxy.Run.checkpoints`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import jax
+import numpy as np
+import pandas as pd
+
+from proxy.engine import Program, TrainState
+
+__all__ = ["save", "restore", "steps", "template", "CheckpointSink"]
+
+_PREFIX = "step_"
+
+
+def _step_dir(directory: Path, step: int) -> Path:
+    return Path(directory) / f"{_PREFIX}{step:09d}"
+
+
+def template(program: Program, dyn) -> TrainState:
+    """Abstract (shape/dtype) train state of ``program``: the restore target."""
+    state, _ = jax.eval_shape(program._init, dyn)
+    return state
+
+
+def save(directory, step: int, state: TrainState, metrics: pd.DataFrame | None = None, meta: dict | None = None):
+    """Save the train state before ``step`` (and the metrics so far) atomically."""
+    import orbax.checkpoint as ocp
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    final = _step_dir(directory, step)
+    tmp = directory / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        state = jax.device_get(state)
+        with ocp.StandardCheckpointer() as ckptr:
+            ckptr.save((tmp / "state").absolute(), state)
+            ckptr.wait_until_finished()
+        if metrics is not None:
+            metrics.to_parquet(tmp / "metrics.parquet", index=False)
+        (tmp / "meta.json").write_text(json.dumps({"step": int(step), **(meta or {})}, sort_keys=True))
+        if final.exists():  # an older copy of the same step (a forced retrain)
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def steps(directory) -> list[int]:
+    """The steps with a complete checkpoint under ``directory`` (sorted)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    out = []
+    for p in directory.iterdir():
+        if p.name.startswith(_PREFIX) and (p / "meta.json").exists():
+            out.append(int(p.name[len(_PREFIX):]))
+    return sorted(out)
+
+
+def restore(directory, step: int, target: TrainState) -> tuple[TrainState, pd.DataFrame | None]:
+    """(state, metrics before ``step``) of the checkpoint at ``step``;
+    ``target`` is the abstract state (see :func:`template`)."""
+    import orbax.checkpoint as ocp
+
+    path = _step_dir(directory, step)
+    if not (path / "meta.json").exists():
+        raise ValueError(f"no checkpoint at step {step} in {directory}; available: {steps(directory) or 'none'}")
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), target)
+    with ocp.StandardCheckpointer() as ckptr:
+        state = ckptr.restore((path / "state").absolute(), abstract)
+    state = jax.tree.map(np.asarray, state)
+    metrics = pd.read_parquet(path / "metrics.parquet") if (path / "metrics.parquet").exists() else None
+    return state, metrics
+
+
+class CheckpointSink:
+    """Where a run's checkpoints go: a folder (orbax) or a dict (memory)."""
+
+    def __init__(self, directory=None, memory: dict | None = None):
+        self.directory = Path(directory) if directory is not None else None
+        self.memory = memory if memory is not None else {}
+
+    def save(self, step: int, state: TrainState, metrics: pd.DataFrame | None, meta: dict | None = None):
+        if self.directory is not None:
+            save(self.directory, step, state, metrics, meta)
+        else:
+            self.memory[int(step)] = (jax.device_get(state), None if metrics is None else metrics.copy())
+
+    def steps(self) -> list[int]:
+        return steps(self.directory) if self.directory is not None else sorted(self.memory)
+
+    def restore(self, step: int, target: TrainState):
+        if self.directory is not None:
+            return restore(self.directory, step, target)
+        if step not in self.memory:
+            raise ValueError(f"no checkpoint at step {step}; available: {sorted(self.memory) or 'none'}")
+        state, metrics = self.memory[step]
+        return state, None if metrics is None else metrics.copy()

@@ -1,0 +1,192 @@
+"""``proxy sweep`` and ``proxy intervene``: the experiment commands of the CLI.
+
+``add_experiment_commands(subparsers)`` adds both to the ``proxy`` parser
+(``proxy.cli`` calls it); :func:`main` runs them standalone (tests).
+
+    proxy sweep --lr 1e-4 3e-4 1e-3 --seed 0 1 --recipe fp32 mxfp8_mixed --steps 3000
+    proxy intervene runs/<key> --at-step 4500 --recipe fp32
+    proxy intervene runs/<key> --at-step 4500 --apply ln_exempt
+
+Every Config field is an option (``--diagnostics-every`` for
+``diagnostics_every``); in ``sweep`` each takes one or more values and the
+fields given several values become the sweep's axes. Bad input exits with
+status 2 and a message naming the valid choices; Ctrl-C stops cleanly, the
+members finished so far stay in the store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from proxy.config import Config
+
+__all__ = ["add_experiment_commands", "sweep_axes", "main"]
+
+
+def _field_type(f: dataclasses.Field):
+    ann = str(f.type)
+    if f.name == "recipe":
+        return str
+    if ann.startswith("tuple"):
+        return int
+    for name, t in (("float", float), ("int", int)):
+        if name in ann:
+            return t
+    return str
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _add_config_options(p: argparse.ArgumentParser, fields, multi: bool):
+    for f in dataclasses.fields(Config):
+        if f.name not in fields:
+            continue
+        t = _field_type(f)
+        default = f.default if f.default is not dataclasses.MISSING else None
+        nargs = "+" if multi or f.name == "checkpoint_at" else None
+        p.add_argument(_flag(f.name), dest=f.name, type=t, nargs=nargs, default=None, metavar=f.name.upper(),
+                       help=f"default {default!r}" if default not in (None, ()) else None)
+
+
+def _store_options(p: argparse.ArgumentParser):
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--store", default=None, metavar="DIR", help="run-store folder (default: $PROXY_STORE or runs/)")
+    g.add_argument("--no-store", action="store_true", help="keep results in memory only")
+    p.add_argument("--force", action="store_true", help="retrain even if the store has the result")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _store_arg(args):
+    return False if args.no_store else args.store
+
+
+def sweep_axes(args) -> tuple[Config, dict]:
+    """(base config, axes) from parsed ``proxy sweep`` arguments: fields given
+    one value go into the base config, fields given several are axes."""
+    base, axes = {}, {}
+    for name in Config.field_names():
+        v = getattr(args, name, None)
+        if v is None:
+            continue
+        if name == "checkpoint_at":
+            base[name] = tuple(v)
+        elif len(v) == 1:
+            base[name] = v[0]
+        else:
+            axes[name] = list(v)
+    return Config(**base), axes
+
+
+def _cmd_sweep(args) -> int:
+    from proxy import experiments
+
+    base, axes = sweep_axes(args)
+    store = _store_arg(args)
+    trained = []
+    experiments.hooks.append(trained.append)
+    try:
+        result = experiments.sweep(base, store=store, force=args.force, progress=not args.quiet,
+                                   shard=not args.no_shard, **axes)
+    except KeyboardInterrupt:
+        where = "memory (nothing kept)" if store is False else (store or "the default store")
+        print(f"proxy sweep: interrupted after {len(trained)} trained member(s); finished members are in "
+              f"{where}", file=sys.stderr)
+        return 130
+    finally:
+        experiments.hooks.remove(trained.append)
+    print(result.summary())
+    where = "" if store is False else f"; stored in {Path(result.runs[0].path).parent}"
+    print(f"{len(result)} members ({len(trained)} trained, {len(result) - len(trained)} loaded){where}")
+    if args.out:
+        out = Path(args.out)
+        frame = result.to_frame()
+        frame.to_csv(out, index=False) if out.suffix == ".csv" else frame.to_parquet(out, index=False)
+        print(f"metrics of all members written to {out}")
+    return 0
+
+
+def _cmd_intervene(args) -> int:
+    from proxy import experiments
+
+    changes = {}
+    for name in experiments.INTERVENABLE_FIELDS:
+        v = getattr(args, name, None)
+        if v is not None and name != "recipe":
+            changes[name] = tuple(v) if name == "checkpoint_at" else v
+    try:
+        run = experiments.intervene(args.run_dir, args.at_step, recipe=args.recipe, apply=args.apply or (),
+                                    store=_store_arg(args), force=args.force, progress=not args.quiet, **changes)
+    except KeyboardInterrupt:
+        print("proxy intervene: interrupted; nothing saved for this intervention", file=sys.stderr)
+        return 130
+    print(run.summary())
+    print(f"intervention at step {args.at_step} on {run.info['parent']}"
+          + (f"; stored in {run.path}" if run.path else ""))
+    return 0
+
+
+def _guard(fn):
+    def run(args) -> int:
+        try:
+            return fn(args)
+        except ValueError as e:
+            print(f"proxy {args.command}: error: {e}", file=sys.stderr)
+            return 2
+
+    return run
+
+
+def add_experiment_commands(subparsers) -> None:
+    """Add ``sweep`` and ``intervene`` to a ``proxy`` argparse subparsers object."""
+    from proxy import experiments
+
+    sw = subparsers.add_parser(
+        "sweep", help="train the product of swept Config values (vmapped where the program is shared)",
+        description="Each Config field is an option taking one or more values; fields with several values are "
+                    "the sweep's axes, e.g. --lr 1e-4 3e-4 1e-3 --seed 0 1 --recipe fp32 mxfp8_mixed.")
+    _add_config_options(sw, Config.field_names(), multi=True)
+    _store_options(sw)
+    sw.add_argument("--no-shard", action="store_true", help="do not split members over several JAX devices")
+    sw.add_argument("--out", default=None, metavar="FILE", help="write Sweep.to_frame() (.parquet or .csv)")
+    sw.set_defaults(func=_guard(_cmd_sweep))
+
+    iv = subparsers.add_parser(
+        "intervene", help="continue a stored run from a checkpoint with a change",
+        description="Continue RUN_DIR from its checkpoint at --at-step on the same batches, with a new recipe, "
+                    "named interventions (--apply) and/or other settings. Interventions: "
+                    + "; ".join(f"{k}: {v[0]}" for k, v in experiments.INTERVENTIONS.items()))
+    iv.add_argument("run_dir", metavar="RUN_DIR", help="a stored run's folder (runs/<key>)")
+    iv.add_argument("--at-step", type=int, required=True, help="a step with a checkpoint")
+    iv.add_argument("--apply", nargs="+", default=None, metavar="NAME",
+                    help=f"named interventions: {', '.join(experiments.INTERVENTIONS)}")
+    _add_config_options(iv, experiments.INTERVENABLE_FIELDS, multi=False)
+    _store_options(iv)
+    iv.set_defaults(func=_guard(_cmd_intervene))
+
+
+def main(argv=None) -> int:
+    """Run ``sweep`` / ``intervene`` standalone; returns the exit status."""
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            self.print_usage(sys.stderr)
+            print(f"{self.prog}: error: {message}", file=sys.stderr)
+            raise SystemExit(2)
+
+    parser = Parser(prog="proxy")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    add_experiment_commands(sub)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""Checkpoints (orbax), exact resume, in-situ interventions, the paired-run reference."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import proxy
+from proxy import checkpoint as C
+from proxy import experiments as E
+from proxy.engine import dynamic_for, program_for
+
+BASE = proxy.Config(width=32, depth=2, batch=64, steps=40, diagnostics_every=10, val_every=20,
+                    recipe="mxfp8_e4m3")
+
+
+def assert_same(a, b, steps=None):
+    ma, mb = a.metrics, b.metrics
+    if steps is not None:
+        ma, mb = ma[ma["step"] < steps], mb[mb["step"] < steps]
+    assert a.diverged_at == b.diverged_at
+    assert list(ma.columns) == list(mb.columns) and len(ma) == len(mb)
+    for c in ma.columns:
+        assert np.array_equal(ma[c].to_numpy(), mb[c].to_numpy(), equal_nan=True), c
+
+
+@pytest.fixture(scope="module")
+def parent(tmp_path_factory):
+    store = tmp_path_factory.mktemp("runs")
+    return proxy.train(BASE.replace(checkpoint_at=(20,)), store=store, progress=False)
+
+
+def test_checkpoint_roundtrip(tmp_path):
+    prog = program_for(BASE)
+    dyn = dynamic_for(BASE)
+    state, _ = prog.init(dyn)
+    C.save(tmp_path, 20, state)
+    assert C.steps(tmp_path) == [20]
+    back, metrics = C.restore(tmp_path, 20, C.template(prog, dyn))
+    assert metrics is None
+    import jax
+
+    assert jax.tree.structure(back) == jax.tree.structure(state)
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(back)):
+        assert np.asarray(a).dtype == b.dtype and np.array_equal(np.asarray(a), b)
+    with pytest.raises(ValueError, match=r"no checkpoint at step 30 .*available: \[20\]"):
+        C.restore(tmp_path, 30, C.template(prog, dyn))
+
+
+def test_resume_reproduces_uninterrupted_run(parent, tmp_path):
+    plain = proxy.train(BASE, store=False, progress=False)
+    assert_same(parent, plain)  # checkpointing changes nothing
+    ckdir = parent.path + "/checkpoints"
+    assert C.steps(ckdir) == [20]
+    # simulate a kill after the checkpoint: a fresh store holding only the checkpoint
+    import shutil
+    key = parent.info["key"]
+    shutil.copytree(ckdir, tmp_path / key / "checkpoints")
+    resumed = proxy.train(parent.config, store=tmp_path, progress=False)
+    assert resumed.info.get("resumed_from") == 20
+    assert_same(resumed, parent)
+
+
+def test_checkpoint_between_chunks_and_memory_checkpoints():
+    cfg = BASE.replace(checkpoint_every=10, steps=30)
+    run = proxy.train(cfg, store=False, progress=False)
+    assert sorted(run.checkpoints) == [10, 20, 30]
+    assert_same(run, proxy.train(BASE.replace(steps=30), store=False, progress=False))
+    child = E.intervene(run, 10, store=False, progress=False)  # no-op, from memory, mid-chunk
+    assert_same(child, run)
+
+
+def test_noop_intervention_reproduces_parent(parent):
+    child = E.intervene(parent, 20, progress=False)
+    assert_same(child, parent)
+    for k in parent.params:
+        for leaf in parent.params[k]:
+            assert np.array_equal(parent.params[k][leaf], child.params[k][leaf])
+    assert child.info["parent"] == parent.info["key"]
+    assert child.info["intervention"]["at_step"] == 20
+    assert child.path is not None and child.path != parent.path
+    again = E.intervene(parent.path, 20, progress=False)  # by folder; loaded from the store
+    assert again.path == child.path
+
+
+def test_intervention_to_full_precision(parent):
+    child = E.intervene(parent, 20, apply="fp32", progress=False)
+    assert child.config.recipe.name == "fp32"
+    assert_same(child, parent, steps=20)  # the parent's history is kept
+    after = child.metrics[child.metrics["step"] >= 20]
+    assert not np.array_equal(after["loss"], parent.metrics[parent.metrics["step"] >= 20]["loss"])
+    # the FP32 continuation has an exact shadow gradient
+    diag = after.dropna(subset=["zeta_bound"])
+    assert (diag["zeta_bound"] == 0).all() and (diag["cosine"] == 1).all()
+    assert child.info["intervention"]["apply"] == ["fp32"]
+
+
+def test_named_interventions():
+    r = proxy.recipes.get("mxfp8_e4m3")
+    got = {n: E.apply_interventions(r, n) for n in E.INTERVENTIONS}
+    assert got["fp32"].is_full_precision
+    assert got["ln_exempt"].ln_precision == "fp32" and got["ln_exempt"].ln_affine is None
+    assert all(getattr(got["rceil"], f).scale_rule == "rceil" for f in ("fwd_x", "fwd_w", "dgrad_g", "wgrad_g"))
+    a = got["bf16_activations"]
+    assert a.fwd_x is None and a.dgrad_g is None and a.wgrad_x is None and a.fwd_w is not None
+    assert not got["backward_unquantized"].quantizes_backward and got["backward_unquantized"].fwd_x is not None
+    assert got["gelu_unquantized"].act_precision == "fp32"
+    w = got["bf16_weights"]
+    assert w.fwd_w is None and w.dgrad_w is None and w.fwd_x is not None and w.vector == "bf16"
+    assert got["ln_exempt"].name == "mxfp8_e4m3+ln_exempt"
+    both = E.apply_interventions(r, ["ln_exempt", "gelu_unquantized"])
+    assert both.ln_precision == "fp32" and both.act_precision == "fp32"
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(at_step=60), r"at_step 60 is beyond the run .*checkpoints at: \[20\]"),
+    (dict(at_step=10), r"no checkpoint at step 10; checkpoints at: \[20\]"),
+    (dict(at_step=20, apply="nope"), "unknown intervention 'nope'; valid: fp32, ln_exempt"),
+    (dict(at_step=20, width=64), "cannot change mid-run.*changeable: recipe, lr"),
+    (dict(at_step=20, recipe="mxfp9"), "unknown recipe 'mxfp9'"),
+    (dict(at_step=20, steps=20), r"steps \(20\) must exceed at_step"),
+])
+def test_intervention_bad_input(parent, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        E.intervene(parent, progress=False, **kwargs)
+
+
+def test_checkpoint_steps_validated():
+    with pytest.raises(ValueError, match="multiple of diagnostics_every"):
+        BASE.replace(checkpoint_at=(15,))
+    with pytest.raises(ValueError, match="positive integer steps"):
+        BASE.replace(checkpoint_at=(0,))
+    assert BASE.replace(checkpoint_at=[30, 10, 30]).checkpoint_at == (10, 30)
+
+
+def test_paired_run_reference_matches_the_fp32_run(tmp_path):
+    """gradient_reference='paired_run' trains the FP32 run alongside: its loss
+    is the separate FP32 run's loss, and the paired state checkpoints and
+    resumes with the rest (also inside a sweep)."""
+    paired = BASE.replace(gradient_reference="paired_run", checkpoint_at=(20,))
+    sw = E.sweep(paired, store=tmp_path, progress=False, lr=[1e-3, 3e-3])
+    fp32 = [proxy.train(BASE.replace(recipe="fp32", lr=lr), store=False, progress=False) for lr in (1e-3, 3e-3)]
+    for mx, ref in zip(sw.runs, fp32):
+        np.testing.assert_allclose(mx.metrics["ref_loss"], ref.metrics["loss"], rtol=1e-5)
+        assert mx.metrics["zeta_bound"].dropna().gt(0).all()
+    run = sw.runs[1]
+    state, _ = C.restore(run.path + "/checkpoints", 20, C.template(program_for(paired), dynamic_for(paired)))
+    assert state.ref_params is not None
+    child = E.intervene(run, 20, progress=False)
+    assert_same(child, run)
+    # turning the pairing on at an intervention starts it from the current weights
+    on = E.intervene(sw.runs[0], 20, gradient_reference="same_point", progress=False)
+    assert "ref_loss" not in on.metrics.columns or on.metrics.loc[on.metrics.step >= 20, "ref_loss"].isna().all()
