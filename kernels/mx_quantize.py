@@ -139,13 +139,14 @@ def _pow2_bits(k):
 
 
 def _max_normal_bits(fmt: ElementFormat, e):
-    """float32 bits of ``max_normal * 2**e`` (exact, also when subnormal)."""
+    """float32 bits of ``max_normal * 2**e`` (exact, also when subnormal); +Inf
+    when it exceeds float32 (rceil scales near float32 max: nothing saturates)."""
     m = fmt.mantissa_bits
     top = e + fmt.emax
     frac = np.uint32((fmt.max_significand - (1 << m)) << (23 - m))
     normal = (jnp.clip(top + 127, 1, 254).astype(jnp.uint32) << 23) | frac
     sub = _u32(fmt.max_significand) << _shift_amount(top - m + 149)
-    return jnp.where(top >= -126, normal, sub)
+    return jnp.where(top > 127, _INF, jnp.where(top >= -126, normal, sub))
 
 
 def _scale_exponent(amax, fmt: ElementFormat, scale_rule: str):
