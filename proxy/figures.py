@@ -1,7 +1,10 @@
 """``proxy figures``: regenerate every figure into a folder.
 
-Each entry of :data:`FIGURES` is a function ``(scale) -> Figure``; those that
-train reuse stored runs, so a second call is fast.
+Each entry of :data:`FIGURES` is a function ``(scale) -> Figure``. The
+training figures run their experiment through :mod:`proxy.paper` (the one
+place the experiments are defined, shared with the notebooks), which trains
+into the run store or loads what is already there, so a second call is fast
+and figures that share runs train them once.
 """
 
 from __future__ import annotations
@@ -10,15 +13,31 @@ import os
 import time
 from typing import Callable
 
-from proxy import plots
+from proxy import paper, plots
 
 __all__ = ["FIGURES", "SCALES", "generate"]
 
 SCALES = ("smoke", "quick", "paper")
 
+
+def _interventions(scale):
+    parent, children = paper.intervention_runs(scale)
+    return plots.interventions(parent, children)
+
+
 FIGURES: dict[str, Callable] = {
-    "sawtooth": lambda scale: plots.sawtooth("fp8_e4m3"),
-    "ln_collapse": lambda scale: plots.ln_collapse("fp8_e4m3"),
+    "sawtooth": lambda scale: plots.sawtooth("fp8_e4m3"),                       # Fig. 5 left
+    "ln_collapse": lambda scale: plots.ln_collapse("fp8_e4m3"),                 # Section 5
+    "lr_sweep": lambda scale: plots.lr_sweep(paper.lr_sweep_runs(scale)),       # Fig. 2
+    "lr_summary": lambda scale: plots.lr_summary(paper.lr_sweep_runs(scale)),   # Fig. 2 (summary)
+    "ablations": lambda scale: plots.ablations(paper.ablation_runs(scale)),     # Fig. 3
+    "gradient_bias": lambda scale: plots.gradient_bias(paper.gradient_bias_runs(scale)),  # Fig. 4
+    "ln_clamping": lambda scale: plots.ln_clamping(paper.mechanism_runs(scale)),  # Fig. 5 right + LN-affine ablation
+    "mitigations": lambda scale: plots.mitigations(paper.mitigation_runs(scale)),  # Fig. 6
+    "interventions": _interventions,                                            # Fig. 7
+    "spikes_vs_shape": lambda scale: plots.spikes_vs_shape(paper.shape_runs(scale)),  # Fig. 9
+    "sgd_momentum": lambda scale: plots.sgd_momentum(paper.sgd_runs(scale)),    # Fig. 10
+    "init_ablation": lambda scale: plots.init_ablation(paper.init_runs(scale)),  # Fig. 11
 }
 
 
@@ -38,6 +57,7 @@ def generate(names=None, *, scale: str = "quick", out: str = "figures", pdf: boo
     written = []
     for i, name in enumerate(names, 1):
         t0 = time.perf_counter()
+        log(f"[{i}/{len(names)}] {name} ({scale}) ...")
         fig = FIGURES[name](scale)
         for ext in ("png", "pdf") if pdf else ("png",):
             path = os.path.join(out, f"{name}.{ext}")

@@ -14,21 +14,32 @@ import numpy as np  # noqa: E402
 from proxy import formats  # noqa: E402
 from proxy.quantize import MXSpec, quantize  # noqa: E402
 
-__all__ = ["color", "sawtooth", "ln_collapse"]
+__all__ = ["color", "sawtooth", "ln_collapse", "loss_grid", "lr_sweep", "lr_summary", "ablations", "gradient_bias",
+           "ln_clamping", "mitigations", "interventions", "spikes_vs_shape", "sgd_momentum", "init_ablation", "ln_gains"]
 
 _PALETTE = {
     "fp32": "#222222", "bf16": "#7f7f7f", "mxfp8_e4m3": "#d62728", "mxfp8_e5m2": "#ff7f0e",
     "mxfp8_mixed": "#e377c2", "mxfp6_e2m3": "#1f77b4", "mxfp6_e3m2": "#17becf", "mxfp4": "#9467bd",
     "mxint8": "#8c564b", "forward_only": "#2ca02c", "bf16_activations": "#bcbd22", "ln_exempt": "#98df8a",
     "rceil": "#ff9896", "reference_mixed": "#c5b0d5",
+    # derived recipes (interventions name them "<recipe>+<intervention>")
+    "ln_affine_exempt": "#17becf", "backward_unquantized": "#2ca02c", "gelu_unquantized": "#8c564b",
+    "bf16_weights": "#9467bd",
 }
 
 
 def color(name: str) -> str:
-    """The colour of a recipe (stable across figures; unknown names hash into tab20)."""
+    """The colour of a recipe (stable across figures and processes). A derived
+    name ``base+change`` takes the colour of its last change (so every
+    "…+rceil" intervention looks alike); unknown names hash into tab20."""
     if name in _PALETTE:
         return _PALETTE[name]
-    return plt.get_cmap("tab20")(hash(name) % 20)
+    last = name.rsplit("+", 1)[-1]
+    if last in _PALETTE:
+        return _PALETTE[last]
+    import zlib
+
+    return plt.get_cmap("tab20")(zlib.crc32(name.encode()) % 20)
 
 
 def sawtooth(fmt: str = "fp8_e4m3"):
@@ -82,7 +93,8 @@ def ln_collapse(fmt: str = "fp8_e4m3", centers=None, sigma: float = 0.02, n: int
 
 
 # ---------------------------------------------------------------------------
-# training figures: inputs are Runs (``proxy.train`` results, ``Sweep.runs``)
+# training figures: inputs are Runs (``proxy.train`` results, ``Sweep.runs``,
+# the lists of ``proxy.paper``)
 
 def _label(run, by) -> str:
     if callable(by):
@@ -97,7 +109,7 @@ def _series(run, column: str):
     if column not in m.columns:
         return np.array([]), np.array([])
     s = m[["step", column]].dropna()
-    return s["step"].to_numpy(), s[column].to_numpy()
+    return s["step"].to_numpy(), s[column].to_numpy(dtype=float)
 
 
 def _mark_divergence(ax, run, col):
@@ -112,18 +124,68 @@ def _color_for(run, color_by):
 
 
 def _smooth(y, window: int):
+    """Trailing moving average (the first ``window − 1`` points are dropped)."""
     if window <= 1 or len(y) < window:
         return y
     kernel = np.ones(window) / window
     return np.convolve(y, kernel, mode="valid")
 
 
-def loss_grid(runs, panel_by="lr", color_by="recipe", column: str = "loss", smooth: int = 1,
-              title: str | None = None, logy: bool = True, ncols: int = 3):
+def _auto_smooth(runs, smooth):
+    """``smooth`` or, for ``None``, a window of ~1/150 of the longest run."""
+    if smooth is not None:
+        return int(smooth)
+    longest = max((len(r.metrics) for r in runs), default=0)
+    return max(1, longest // 150)
+
+
+def _plot_smoothed(ax, x, y, window, **kw):
+    y_s = _smooth(y, window)
+    return ax.plot(x[len(x) - len(y_s):], y_s, **kw)
+
+
+def _trend(ax, x, y, col, label=None, ls="-", window: int = 5):
+    """Raw diagnostic points (thin, faint) and their rolling median (solid)."""
+    if not len(x):
+        return
+    ax.plot(x, y, ls, color=col, lw=0.5, alpha=0.35)
+    if len(y) >= window:
+        med = _rolling_median(y, window)
+        ax.plot(x, med, ls, color=col, lw=1.4, label=label)
+    else:
+        ax.plot(x, y, ls, color=col, lw=1.4, label=label)
+
+
+def _rolling_median(y, window: int):
+    import pandas as pd
+
+    return pd.Series(y).rolling(window, center=True, min_periods=1).median().to_numpy()
+
+
+def _blowup(run):
+    from proxy.paper import instability
+
+    return instability(run)
+
+
+def _run_label(run, by) -> str:
+    lab = _label(run, by)
+    if run.diverged_at is not None:
+        return lab + f" (diverged @ {run.diverged_at})"
+    b = _blowup(run)["blowup_at"]
+    return lab + (f" (×10 blow-up @ {b})" if b is not None else "")
+
+
+def loss_grid(runs, panel_by="lr", color_by="recipe", column: str = "loss", smooth: int | None = None,
+              title: str | None = None, logy: bool = True, ncols: int = 3, ymax: float | None = 10.0):
     """Curves of ``column`` over steps: one panel per value of ``panel_by``
     (a Config field, or a function of a run), one line per ``color_by``.
-    A dotted vertical line marks each run's divergence step."""
+    A dotted vertical line marks each run's divergence step; the legend names
+    any divergence or 10× blow-up (see :func:`proxy.paper.instability`).
+    ``smooth``: moving-average window in steps (``None``: ~1/150 of the run);
+    ``ymax``: top of a log axis (blow-ups run off it; ``None``: automatic)."""
     runs = list(runs)
+    smooth = _auto_smooth(runs, smooth)
     panels: dict[str, list] = {}
     for r in runs:
         panels.setdefault(_label(r, panel_by), []).append(r)
@@ -135,17 +197,19 @@ def loss_grid(runs, panel_by="lr", color_by="recipe", column: str = "loss", smoo
         for r in group:
             x, y = _series(r, column)
             col = _color_for(r, color_by)
-            lab = _label(r, color_by) + (f" (diverged @ {r.diverged_at})" if r.diverged_at is not None else "")
-            y_s = _smooth(y, smooth)
-            ax.plot(x[len(x) - len(y_s):], y_s, color=col, lw=1.1, label=lab)
+            _plot_smoothed(ax, x, y, smooth, color=col, lw=1.1, label=_run_label(r, color_by))
             _mark_divergence(ax, r, col or "k")
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("step")
         if logy:
             ax.set_yscale("log")
         ax.legend(fontsize=7)
+    ylabel = column.replace("_", " ") + (f" ({smooth}-step mean)" if smooth > 1 else "")
+    if logy and ymax is not None:  # blow-ups run off the top rather than squash the plateaus
+        lo, hi = axes[0, 0].get_ylim()
+        axes[0, 0].set_ylim(lo, min(hi, ymax))
     for ax in axes[:, 0]:
-        ax.set_ylabel(column.replace("_", " "))
+        ax.set_ylabel(ylabel)
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     if title:
@@ -154,15 +218,16 @@ def loss_grid(runs, panel_by="lr", color_by="recipe", column: str = "loss", smoo
     return fig
 
 
-def lr_sweep(runs, column: str = "loss", smooth: int = 1):
+def lr_sweep(runs, column: str = "loss", smooth: int | None = None):
     """Paper Fig. 2: FP32 vs MX formats across learning rates (panel per LR)."""
-    return loss_grid(runs, panel_by="lr", color_by="recipe", column=column, smooth=smooth,
-                     title="Full vs low precision across learning rates")
+    return loss_grid(runs, panel_by=lambda r: f"learning rate {r.config.lr:g}", color_by="recipe", column=column,
+                     smooth=smooth, title="Full vs low precision across learning rates (Adam)")
 
 
 def lr_summary(runs):
     """Final loss (before any divergence) versus learning rate per recipe; a
-    cross marks a run that diverged, at the loss it had reached."""
+    cross marks a run that diverged, an open circle one whose loss blew up
+    10× above its recent minimum (:func:`proxy.paper.instability`)."""
     fig, ax = plt.subplots(figsize=(5.6, 3.8))
     by_recipe: dict[str, list] = {}
     for r in runs:
@@ -173,61 +238,95 @@ def lr_summary(runs):
         ax.plot(lrs, [r.final_loss for r in group], "o-", color=color(name), label=name, ms=4)
         div = [r for r in group if r.diverged_at is not None]
         ax.plot([r.config.lr for r in div], [r.final_loss for r in div], "x", color=color(name), ms=10, mew=2)
+        blow = [r for r in group if r.diverged_at is None and _blowup(r)["blowup_at"] is not None]
+        ax.plot([r.config.lr for r in blow], [r.final_loss for r in blow], "o", mfc="none", color=color(name),
+                ms=11, mew=1.5)
+    ax.plot([], [], "x", color="k", label="diverged (stopped)")
+    ax.plot([], [], "o", mfc="none", color="k", label="blew up ≥10×")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("learning rate")
-    ax.set_ylabel("final training loss (× = diverged)")
-    ax.legend(fontsize=8)
+    ax.set_ylabel("final training loss")
+    ax.set_title("Final loss versus learning rate")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
 
 
-def ablations(runs, column: str = "loss", smooth: int = 1):
+def ablations(runs, column: str = "loss", smooth: int | None = None):
     """Paper Fig. 3: activation functions and LayerNorm on/off (panel per
     (activation, norm)), full vs low precision."""
-    return loss_grid(runs, panel_by=lambda r: f"{r.config.act}, norm={r.config.norm}", color_by="recipe",
-                     column=column, smooth=smooth, title="Activation and LayerNorm ablations", ncols=4)
+    return loss_grid(runs, panel_by=lambda r: f"{r.config.act}, {'LayerNorm' if r.config.norm != 'none' else 'no norm'}",
+                     color_by="recipe", column=column, smooth=smooth, title="Activation and LayerNorm ablations")
+
+
+def _ref_label(r, lr=None) -> str:
+    lab = r.config.recipe.name + (" vs paired FP32 run" if r.config.gradient_reference == "paired_run"
+                                  else " vs FP32 at same weights")
+    if lr is not None and r.config.lr != lr:
+        lab += f", LR {r.config.lr:g}"
+        b = _blowup(r)
+        if r.diverged_at is not None or b["blowup_at"] is not None:
+            lab += f" (blow-up @ {r.diverged_at if r.diverged_at is not None else b['blowup_at']})"
+    return lab
+
+
+def _common_lr(runs):
+    lrs = [r.config.lr for r in runs]
+    return max(set(lrs), key=lrs.count) if lrs else None
 
 
 def gradient_bias(runs, labels=None):
     """Paper Fig. 4: loss, gradient norm, the ‖ζ‖ bound (dashed line at 2) and
-    cos(g̃, g) over training."""
+    cos(g̃, g) over training. Solid: the reference gradient is FP32 at the same
+    weights and batch; dashed: the gradient of the separate FP32 run (the
+    paper's definition); dotted: a run at another learning rate. Faint lines
+    are the raw diagnostics, solid ones their rolling median."""
     runs = list(runs)
-    labels = labels or [r.config.recipe.name + (" (paired run)" if r.config.gradient_reference == "paired_run"
-                                                 else "") for r in runs]
-    fig, axes = plt.subplots(2, 2, figsize=(9.6, 6.4))
-    panels = [("loss", "training loss", True), ("grad_norm", "gradient norm ‖g̃‖", True),
-              ("zeta_bound", "‖ζ‖ bound = ‖g̃ − g‖/‖g‖", True), ("cosine", "cos(g̃, g)", False)]
-    for ax, (col, ylabel, logy) in zip(axes.flat, panels):
-        for r, lab in zip(runs, labels):
+    lr0 = _common_lr(runs)
+    labels = labels or [_ref_label(r, lr0) for r in runs]
+    smooth = _auto_smooth(runs, None)
+    fig, axes = plt.subplots(2, 2, figsize=(10.4, 6.6))
+    for r, lab in zip(runs, labels):
+        c = color(r.config.recipe.name)
+        ls = "--" if r.config.gradient_reference == "paired_run" else (":" if r.config.lr != lr0 else "-")
+        for ax, col in ((axes[0, 0], "loss"), (axes[0, 1], "grad_norm")):
             x, y = _series(r, col)
-            c = color(r.config.recipe.name)
-            ls = "--" if r.config.gradient_reference == "paired_run" else "-"
-            if len(x):
-                ax.plot(x, y, ls, color=c, lw=1.1, label=lab)
+            _plot_smoothed(ax, x, y, smooth, color=c, ls=ls, lw=1.1, label=lab)
             _mark_divergence(ax, r, c)
-        if col == "zeta_bound":
-            ax.axhline(2.0, color="k", ls="--", lw=1)
+        for ax, col in ((axes[1, 0], "zeta_bound"), (axes[1, 1], "cosine")):
+            x, y = _series(r, col)
+            _trend(ax, x, y, c, lab, ls)
+            _mark_divergence(ax, r, c)
+    axes[1, 0].axhline(2.0, color="k", ls="--", lw=1)
+    axes[1, 0].text(0.01, 2.0, " divergence expected near 2", transform=axes[1, 0].get_yaxis_transform(),
+                    va="bottom", fontsize=7)
+    axes[1, 0].set_ylim(0, max(2.3, axes[1, 0].get_ylim()[1]))
+    for ax, ylabel, logy in ((axes[0, 0], "training loss", True), (axes[0, 1], "gradient norm ‖g̃‖", True),
+                             (axes[1, 0], "‖ζ‖ bound = ‖g̃ − g‖ / ‖g‖", False),
+                             (axes[1, 1], "cos(g̃, g)", False)):
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         if logy:
             ax.set_yscale("log")
-    axes[0, 0].legend(fontsize=7)
-    fig.suptitle("Gradient bias of low-precision training")
+    axes[1, 0].legend(fontsize=7, loc="upper right")
+    fig.suptitle("Gradient bias of low-precision training (g̃ low precision, g full precision)")
     fig.tight_layout()
     return fig
 
 
 def ln_clamping(runs, labels=None):
-    """Paper Fig. 5 (right): fraction of LN gains the weight spec clamps, per
-    block and overall, with the loss, before divergence."""
+    """Paper Fig. 5 (right) and the LN-affine ablation: loss, the fraction of
+    LN gains the weight spec clamps (overall thick, per block thin; for
+    unquantized gains it is counted as a diagnostic), and the ‖ζ‖ bound."""
     runs = list(runs)
     labels = labels or [r.config.recipe.name for r in runs]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    smooth = _auto_smooth(runs, None)
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(14, 3.8))
     for r, lab in zip(runs, labels):
         c = color(r.config.recipe.name)
         x, y = _series(r, "loss")
-        a1.plot(x, y, color=c, lw=1, label=lab)
+        _plot_smoothed(a1, x, y, smooth, color=c, lw=1, label=lab)
         _mark_divergence(a1, r, c)
         x, y = _series(r, "ln_clamp_frac")
         a2.plot(x, 100 * y, color=c, lw=1.4, label=f"{lab}: all blocks")
@@ -236,88 +335,207 @@ def ln_clamping(runs, labels=None):
             xb, yb = _series(r, k)
             a2.plot(xb, 100 * yb, color=c, lw=0.6, alpha=0.5)
         _mark_divergence(a2, r, c)
+        x, y = _series(r, "zeta_bound")
+        if len(y) and np.any(y > 0):
+            _trend(a3, x, y, c, lab)
     a1.set_yscale("log")
-    a1.set_xlabel("step")
-    a1.set_ylabel("training loss")
-    a2.set_xlabel("step")
+    a1.set_ylabel("training loss" + (f" ({smooth}-step mean)" if smooth > 1 else ""))
     a2.set_ylabel("LN gains clamped [%] (thin: per block)")
-    a1.legend(fontsize=7)
-    a2.legend(fontsize=7)
+    a3.set_ylabel("‖ζ‖ bound")
+    a3.axhline(2.0, color="k", ls="--", lw=1)
+    a3.set_ylim(0, max(2.3, a3.get_ylim()[1]))
+    for ax in (a1, a2, a3):
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7)
+    fig.suptitle("LayerNorm gains in the clamped region of the MX weight format")
     fig.tight_layout()
     return fig
 
 
-def mitigations(runs, smooth: int = 1):
+def ln_gains(run, fmt: str | None = None):
+    """Mean LN gain of every block over training, with the bands of gain
+    values whose blocks the floor scale clamps: a block whose largest gain
+    lies in [0.875, 1) · 2^k (E4M3: max normal 448 = 0.875 · 512) has every
+    value above 0.875 · 2^k saturated."""
+    from proxy.quantize import MXSpec
+
+    spec = MXSpec(fmt) if fmt else (run.config.recipe.weight_spec or MXSpec(run.config.diagnostic_format))
+    f = spec.element
+    lo = f.max_normal / 2.0 ** (f.emax + 1)
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    blocks = sorted(k for k in run.metrics.columns if k.startswith("ln_gain_mean/block_"))
+    cmap = plt.get_cmap("viridis")
+    ys = []
+    for i, k in enumerate(blocks):
+        x, y = _series(run, k)
+        ys.append(y)
+        ax.plot(x, y, color=cmap(i / max(1, len(blocks) - 1)), lw=1.2, label=f"block {i}")
+    top = max((float(np.max(y)) for y in ys if len(y)), default=1.0)
+    bottom = min((float(np.min(y)) for y in ys if len(y)), default=0.5)
+    for kexp in range(int(np.floor(np.log2(max(bottom, 1e-3)))) - 1, int(np.ceil(np.log2(max(top, 1e-3)))) + 1):
+        ax.axhspan(lo * 2.0 ** kexp, 2.0 ** kexp, color=color("mxfp8_e4m3"), alpha=0.12, lw=0)
+    ax.set_ylim(max(0.0, bottom - 0.05), top + 0.05)
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean LN gain per block")
+    ax.set_title(f"{run.config.recipe.name}: LN gains; shaded: {spec.element.name} clamp bands "
+                 f"[{lo:g}, 1)·2^k", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def mitigations(runs, smooth: int | None = None):
     """Paper Fig. 6: forward-only quantization and bf16 activations against
-    the plain MX recipe and FP32 (loss and gradient norm)."""
+    the plain MX recipe and FP32: loss, ‖ζ‖ bound (dashed line at 2) and cosine."""
     runs = list(runs)
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    smooth = _auto_smooth(runs, smooth)
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(14, 3.8))
     for r in runs:
         c = color(r.config.recipe.name)
-        for ax, col in ((a1, "loss"), (a2, "grad_norm")):
-            x, y = _series(r, col)
-            y_s = _smooth(y, smooth)
-            ax.plot(x[len(x) - len(y_s):], y_s, color=c, lw=1.1, label=r.config.recipe.name)
-            _mark_divergence(ax, r, c)
-    for ax, lab in ((a1, "training loss"), (a2, "gradient norm")):
-        ax.set_yscale("log")
+        name = r.config.recipe.name
+        x, y = _series(r, "loss")
+        _plot_smoothed(a1, x, y, smooth, color=c, lw=1.1, label=_run_label(r, "recipe"))
+        _mark_divergence(a1, r, c)
+        if not r.config.recipe.is_full_precision:
+            for ax, col in ((a2, "zeta_bound"), (a3, "cosine")):
+                x, y = _series(r, col)
+                _trend(ax, x, y, c, name)
+    a1.set_yscale("log")
+    a1.set_ylabel("training loss" + (f" ({smooth}-step mean)" if smooth > 1 else ""))
+    a2.axhline(2.0, color="k", ls="--", lw=1)
+    a2.set_ylim(0, max(2.3, a2.get_ylim()[1]))
+    a2.set_ylabel("‖ζ‖ bound")
+    a3.set_ylabel("cos(g̃, g)")
+    for ax in (a1, a2, a3):
         ax.set_xlabel("step")
-        ax.set_ylabel(lab)
-    a1.legend(fontsize=7)
-    fig.suptitle("Mitigations")
+        ax.legend(fontsize=7)
+    fig.suptitle("Mitigations: forward-only quantization, bf16 activations")
     fig.tight_layout()
     return fig
 
 
-def interventions(parent, children, labels=None):
-    """Paper Fig. 7: a diverging run and runs resumed from its checkpoints
-    with a changed recipe; a vertical line marks each intervention step."""
+def _intervention(run):
+    iv = run.info.get("intervention") if isinstance(run.info, dict) else None
+    if not iv:
+        return None, run.config.recipe.name
+    return iv.get("at_step"), "+".join(iv.get("apply") or []) or run.config.recipe.name
+
+
+def interventions(parent, children, labels=None, smooth: int | None = None):
+    """Paper Fig. 7: a run and its in-situ interventions, resumed from its
+    checkpoints with a changed recipe on the same batches. One column per
+    intervention step (early, late); top: loss (zoomed on the steps after the
+    intervention), bottom: ‖ζ‖ bound. A grey line marks the step; children
+    are drawn from it on."""
     children = list(children)
-    labels = labels or [c.info.get("intervention", c.config.recipe.name) if isinstance(c.info, dict) else
-                        c.config.recipe.name for c in children]
-    fig, ax = plt.subplots(figsize=(6.8, 4))
-    x, y = _series(parent, "loss")
-    ax.plot(x, y, color=color(parent.config.recipe.name), lw=1.2, label=f"{parent.config.recipe.name} (parent)")
-    _mark_divergence(ax, parent, color(parent.config.recipe.name))
-    cmap = plt.get_cmap("tab10")
-    for i, (c, lab) in enumerate(zip(children, labels)):
-        x, y = _series(c, "loss")
-        at = c.info.get("at_step") if isinstance(c.info, dict) else None
-        if at is not None:
-            keep = x >= at
-            x, y = x[keep], y[keep]
-            ax.axvline(at, color="0.7", lw=0.8)
-        ax.plot(x, y, color=cmap(i % 10), lw=1, label=str(lab))
-        _mark_divergence(ax, c, cmap(i % 10))
-    ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss")
-    ax.legend(fontsize=7)
-    ax.set_title("In-situ interventions")
+    info = [_intervention(c) for c in children]
+    labels = labels or [name for _, name in info]
+    steps = sorted({at for at, _ in info if at is not None})
+    smooth = _auto_smooth([parent], smooth)
+    ncol = max(1, len(steps))
+    fig, axes = plt.subplots(2, ncol, figsize=(5.6 * ncol, 6.4), squeeze=False, sharex=True)
+    pc = color(parent.config.recipe.name)
+    for j, at in enumerate(steps or [None]):
+        a_loss, a_zeta = axes[0, j], axes[1, j]
+        x, y = _series(parent, "loss")
+        _plot_smoothed(a_loss, x, y, smooth, color=pc, lw=1.6, label=f"{parent.config.recipe.name} (no change)")
+        _mark_divergence(a_loss, parent, pc)
+        x, y = _series(parent, "zeta_bound")
+        _trend(a_zeta, x, y, pc, f"{parent.config.recipe.name} (no change)")
+        after = [y[x >= (at or 0)] for x, y in [_series(parent, "loss")]]
+        for c, (cat, _), lab in zip(children, info, labels):
+            if cat != at:
+                continue
+            col = color(lab)
+            x, y = _series(c, "loss")
+            keep = x >= (at or 0) - smooth
+            after.append(y[x >= (at or 0)])
+            xz, yz = _series(c, "zeta_bound")
+            zkeep = xz >= (at or 0)
+            zero = not np.any(yz[zkeep] > 0)
+            _plot_smoothed(a_loss, x[keep], y[keep], smooth, color=col, lw=1,
+                           label=lab + (" (‖ζ‖ = 0 after)" if zero else ""))
+            _mark_divergence(a_loss, c, col)
+            if not zero:
+                _trend(a_zeta, xz[zkeep], yz[zkeep], col, lab)
+        finite = np.concatenate([_smooth(a, smooth) for a in after if len(a)] or [np.array([])])
+        finite = finite[np.isfinite(finite)]
+        if len(finite) and at is not None:  # zoom on the steps after the intervention
+            lo, hi = float(finite.min()), float(finite.max())
+            a_loss.set_ylim(lo / 1.15, hi * 1.15)
+        for ax in (a_loss, a_zeta):
+            if at is not None:
+                ax.axvline(at, color="0.6", lw=1)
+        a_loss.set_title(f"intervention at step {at}" if at is not None else "interventions", fontsize=10)
+        a_loss.set_yscale("log")
+        a_loss.set_ylabel("training loss" + (f" ({smooth}-step mean)" if smooth > 1 else ""))
+        a_zeta.axhline(2.0, color="k", ls="--", lw=1)
+        a_zeta.set_ylim(0, max(2.3, a_zeta.get_ylim()[1]))
+        a_zeta.set_ylabel("‖ζ‖ bound")
+        a_zeta.set_xlabel("step")
+        a_loss.legend(fontsize=7)
+    fig.suptitle("In-situ interventions, early and late")
     fig.tight_layout()
     return fig
 
 
 def spikes_vs_shape(runs):
-    """Paper Fig. 9: instability versus model depth and width. Per run, the
-    spikes are the steps whose loss exceeds 10× the previous step's, plus one
-    for a divergence; one bar per recipe for each (depth, width)."""
-    rows = {}
+    """Paper Fig. 9: instability versus model depth and width. Left: spikes
+    per run (separate excursions of the loss 10× above its recent minimum,
+    plus a divergence; :func:`proxy.paper.instability`); middle: the largest
+    such ratio, with the 10× threshold; right: the median ‖ζ‖ bound of the
+    quantized recipes. One bar per recipe for each (depth, width)."""
+    rows: dict = {}
     for r in runs:
-        loss = r.metrics["loss"].to_numpy()
-        jumps = int(np.sum(loss[1:] > 10 * loss[:-1])) if len(loss) > 1 else 0
         key = (r.config.depth, r.config.width)
-        rows.setdefault(key, {})[r.config.recipe.name] = jumps + (r.diverged_at is not None)
+        d = r.metrics.dropna(subset=["zeta_bound"]) if "zeta_bound" in r.metrics else r.metrics.iloc[0:0]
+        if r.diverged_at is not None:
+            d = d[d["step"] < r.diverged_at]
+        zeta = float(d["zeta_bound"].median()) if len(d) else float("nan")
+        rows.setdefault(key, {})[r.config.recipe.name] = dict(_blowup(r), zeta=zeta,
+                                                              quantized=not r.config.recipe.is_full_precision)
     keys = sorted(rows)
     recipes_ = sorted({name for v in rows.values() for name in v})
-    fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(keys)), 3.6))
-    w = 0.8 / max(len(recipes_), 1)
-    for j, name in enumerate(recipes_):
-        ax.bar(np.arange(len(keys)) + j * w, [rows[k].get(name, 0) for k in keys], w, color=color(name), label=name)
-    ax.set_xticks(np.arange(len(keys)) + 0.4 - w / 2)
-    ax.set_xticklabels([f"depth {d}\nwidth {wd}" for d, wd in keys], fontsize=8)
-    ax.set_ylabel("spikes (>10× jump) + divergence")
-    ax.legend(fontsize=7)
-    ax.set_title("Instability versus depth and width")
+    quantized = [n for n in recipes_ if any(rows[k].get(n, {}).get("quantized") for k in keys)]
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(max(13, 2.6 * len(keys)), 3.9))
+    pos = np.arange(len(keys))
+    for ax, names, field in ((a1, recipes_, "spikes"), (a2, recipes_, "max_jump"), (a3, quantized, "zeta")):
+        w = 0.8 / max(len(names), 1)
+        for j, name in enumerate(names):
+            vals = [rows[k][name][field] if name in rows[k] else np.nan for k in keys]
+            if field == "max_jump":  # bars rise from a ratio of 1 on the log axis
+                ax.bar(pos + j * w, np.asarray(vals) - 1.0, w, bottom=1.0, color=color(name), label=name)
+            else:
+                ax.bar(pos + j * w, vals, w, color=color(name), label=name)
+        ax.set_xticks(pos + 0.4 - w / 2)
+        ax.set_xticklabels([f"depth {d}\nwidth {wd}" for d, wd in keys], fontsize=8)
+        ax.legend(fontsize=7)
+    total = sum(v["spikes"] for row in rows.values() for v in row.values())
+    if total == 0:
+        a1.text(0.5, 0.5, "no spikes in any run", transform=a1.transAxes, ha="center", va="center", color="0.4")
+    a1.set_ylabel("spikes (≥10× blow-ups) + divergence")
+    a1.set_ylim(0, max(1, a1.get_ylim()[1]))
+    a2.axhline(10, color="k", ls="--", lw=1)
+    a2.set_yscale("log")
+    a2.set_ylim(1, max(20, a2.get_ylim()[1]))
+    a2.set_ylabel("largest loss / recent-minimum ratio")
+    a3.set_ylabel("median ‖ζ‖ bound")
+    fig.suptitle("Instability versus depth and width")
     fig.tight_layout()
     return fig
+
+
+def sgd_momentum(runs, smooth: int | None = None):
+    """Paper Fig. 10: SGD without and with momentum (panel per momentum)."""
+    return loss_grid(runs, panel_by=lambda r: f"SGD, momentum {r.config.momentum:g}, LR {r.config.lr:g}",
+                     color_by="recipe", smooth=smooth, title="SGD with and without momentum")
+
+
+def init_ablation(runs, smooth: int | None = None):
+    """Paper Fig. 11: the default (PyTorch) initialisation against a
+    lower-gain Xavier-normal one (panel per init)."""
+    def name(r):
+        c = r.config
+        return "PyTorch default init" if c.init == "pytorch" else f"{c.init}, gain {c.init_gain:g}"
+
+    return loss_grid(runs, panel_by=name, color_by="recipe", smooth=smooth, title="Lower-gain initialisation")

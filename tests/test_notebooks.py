@@ -12,8 +12,10 @@ NOTEBOOKS = sorted(pathlib.Path(__file__).resolve().parent.parent.joinpath("note
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_at_smoke_scale(path, tmp_path, monkeypatch):
+def test_notebook_runs_at_smoke_scale(path, tmp_path, tmp_path_factory, monkeypatch):
     monkeypatch.setenv("PROXY_SCALE", "smoke")
+    # Kernels share XLA's persistent compilation cache: notebooks compile many of the same programs.
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "jax-cache"))
     monkeypatch.setenv("PROXY_STORE", str(tmp_path / "runs"))  # a fresh run store per notebook
     monkeypatch.setenv("MPLBACKEND", "Agg")
     nb = nbformat.read(path, as_version=4)

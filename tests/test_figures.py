@@ -1,0 +1,91 @@
+"""``proxy figures``: every figure of the registry is written at the smoke
+scale by the real command (every experiment of ``proxy.paper`` trains), and
+a second call loads the stored runs instead of training; plus the run
+analysis of ``proxy.paper`` on hand-made metrics."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from proxy import Config, paper
+from proxy.figures import FIGURES
+from proxy.run import Run
+
+PAPER_FIGURES = {"lr_sweep": 2, "ablations": 3, "gradient_bias": 4, "sawtooth": 5, "ln_clamping": 5, "mitigations": 6,
+                 "interventions": 7, "spikes_vs_shape": 9, "sgd_momentum": 10, "init_ablation": 11}
+
+
+def _figures(out, env, *extra):
+    return subprocess.run([sys.executable, "-m", "proxy.cli", "figures", "--scale", "smoke", "--out", str(out), *extra],
+                          env=env, capture_output=True, text=True, timeout=1800)
+
+
+def test_every_paper_proxy_figure_has_an_entry():
+    assert set(PAPER_FIGURES) <= set(FIGURES)
+    assert next(iter(FIGURES)) == "sawtooth"  # the CLI's error message lists it first
+
+
+@pytest.mark.slow
+def test_figures_command_writes_every_png_at_smoke_and_reuses_runs(tmp_path, tmp_path_factory):
+    store = tmp_path / "runs"
+    env = dict(os.environ, PROXY_RUNS=str(store), MPLBACKEND="Agg",
+               JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.getbasetemp() / "jax-cache"))
+    out = tmp_path / "figs"
+    first = _figures(out, env)
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"{name}.png" for name in FIGURES)
+    for name in FIGURES:
+        assert (out / f"{name}.png").stat().st_size > 10_000, name
+    keys = sorted(p.name for p in store.iterdir())
+    assert len(keys) >= 20  # every experiment stored its runs
+
+    again = _figures(tmp_path / "again", env, "--only", "lr_sweep", "interventions", "--pdf")
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "to train)" not in again.stderr  # nothing retrained: every run came from the store
+    assert sorted(p.name for p in store.iterdir()) == keys
+    assert {p.name for p in (tmp_path / "again").iterdir()} == {"lr_sweep.png", "lr_sweep.pdf", "interventions.png",
+                                                                "interventions.pdf"}
+
+
+def _run(losses, diverged_at=None, steps=None):
+    losses = np.asarray(losses, dtype=float)
+    n = len(losses)
+    cfg = Config(width=32, depth=2, steps=steps or n, diagnostics_every=10, val_every=10)
+    m = pd.DataFrame({"step": np.arange(n), "loss": losses,
+                      "zeta_bound": np.where(np.arange(n) % 10 == 0, 0.5, np.nan),
+                      "cosine": np.where(np.arange(n) % 10 == 0, 0.9, np.nan),
+                      "ln_clamp_frac": np.where(np.arange(n) % 10 == 0, np.linspace(0, 1, n), np.nan)})
+    return Run(cfg, m, diverged_at)
+
+
+def test_instability_finds_slow_blowups_spikes_and_divergence():
+    calm = _run(np.full(300, 0.1))
+    assert paper.instability(calm) == {"diverged_at": None, "blowup_at": None, "spikes": 0, "max_jump": 1.0}
+    loss = np.full(300, 0.1)
+    loss[150:160] = np.geomspace(0.2, 2.0, 10)  # a multi-step blow-up past 10x at step 157, never 100x in one step
+    loss[250] = 5.0  # and an isolated spike
+    s = paper.instability(_run(loss))
+    assert s["blowup_at"] == 157 and s["spikes"] == 2 and s["diverged_at"] is None
+    assert s["max_jump"] == pytest.approx(50.0)
+    first_steps = np.full(300, 0.1)
+    first_steps[:30] = 1.0  # the initial transient is skipped
+    assert paper.instability(_run(first_steps))["blowup_at"] is None
+    div = np.full(200, 0.1)
+    div[-1] = np.inf
+    d = paper.instability(_run(div, diverged_at=199, steps=300))
+    assert d["diverged_at"] == 199 and d["spikes"] == 1
+
+
+def test_summary_names_varying_fields_and_diagnostics():
+    a, b = _run(np.full(100, 0.1)), _run(np.full(100, 0.2))
+    b.config = b.config.replace(lr=1e-2, recipe="mxfp8_e4m3")
+    df = paper.summary([a, b])
+    assert list(df["recipe"]) == ["fp32", "mxfp8_e4m3"] and list(df["lr"]) == [6e-4, 1e-2]
+    assert df["zeta_median"].tolist() == [0.5, 0.5] and df["final_loss"].tolist() == pytest.approx([0.1, 0.2])
+    assert paper.clamp_window(a) is not None
+    split = paper.zeta_by_clamping(a)
+    assert split["steps_clamping"] + split["steps_other"] == 10
