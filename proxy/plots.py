@@ -176,6 +176,13 @@ def _run_label(run, by) -> str:
     return lab + (f" (×10 blow-up @ {b})" if b is not None else "")
 
 
+def _zeta_axis(ax, label: str = "‖ζ‖ bound"):
+    """A linear ‖ζ‖-bound axis from 0 with the paper's dashed line at 2."""
+    ax.axhline(2.0, color="k", ls="--", lw=1)
+    ax.set_ylim(0, max(2.3, ax.get_ylim()[1]))
+    ax.set_ylabel(label)
+
+
 def loss_grid(runs, panel_by="lr", color_by="recipe", column: str = "loss", smooth: int | None = None,
               title: str | None = None, logy: bool = True, ncols: int = 3, ymax: float | None = 10.0):
     """Curves of ``column`` over steps: one panel per value of ``panel_by``
@@ -341,9 +348,7 @@ def ln_clamping(runs, labels=None):
     a1.set_yscale("log")
     a1.set_ylabel("training loss" + (f" ({smooth}-step mean)" if smooth > 1 else ""))
     a2.set_ylabel("LN gains clamped [%] (thin: per block)")
-    a3.set_ylabel("‖ζ‖ bound")
-    a3.axhline(2.0, color="k", ls="--", lw=1)
-    a3.set_ylim(0, max(2.3, a3.get_ylim()[1]))
+    _zeta_axis(a3)
     for ax in (a1, a2, a3):
         ax.set_xlabel("step")
         ax.legend(fontsize=7)
@@ -402,9 +407,7 @@ def mitigations(runs, smooth: int | None = None):
                 _trend(ax, x, y, c, name)
     a1.set_yscale("log")
     a1.set_ylabel("training loss" + (f" ({smooth}-step mean)" if smooth > 1 else ""))
-    a2.axhline(2.0, color="k", ls="--", lw=1)
-    a2.set_ylim(0, max(2.3, a2.get_ylim()[1]))
-    a2.set_ylabel("‖ζ‖ bound")
+    _zeta_axis(a2)
     a3.set_ylabel("cos(g̃, g)")
     for ax in (a1, a2, a3):
         ax.set_xlabel("step")
@@ -469,9 +472,7 @@ def interventions(parent, children, labels=None, smooth: int | None = None):
         a_loss.set_title(f"intervention at step {at}" if at is not None else "interventions", fontsize=10)
         a_loss.set_yscale("log")
         a_loss.set_ylabel("training loss" + (f" ({smooth}-step mean)" if smooth > 1 else ""))
-        a_zeta.axhline(2.0, color="k", ls="--", lw=1)
-        a_zeta.set_ylim(0, max(2.3, a_zeta.get_ylim()[1]))
-        a_zeta.set_ylabel("‖ζ‖ bound")
+        _zeta_axis(a_zeta)
         a_zeta.set_xlabel("step")
         a_loss.legend(fontsize=7)
     fig.suptitle("In-situ interventions, early and late")
