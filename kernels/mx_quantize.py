@@ -83,13 +83,24 @@ def check_spec(spec, what: str = "spec") -> MXSpec | None:
     """Validate an operand spec for the kernels; ``None`` (unquantized) passes.
 
     Raises:
-      ValueError: not an MXSpec, stochastic rounding, or a block size that is
-        not a power of two -- naming the valid choices.
+      ValueError: not an MXSpec, 2-D tiles (``block_dims=2``), E4M3 (NVFP4)
+        scales, stochastic rounding, or a block size that is not a power of
+        two -- naming the valid choices.
     """
     if spec is None:
         return None
     if not isinstance(spec, MXSpec):
         raise ValueError(f"{what} must be a proxy.MXSpec or None, got {type(spec).__name__}")
+    if getattr(spec, "block_dims", 1) != 1:
+        raise ValueError(
+            f"{what}: block_dims={spec.block_dims} (2-D tiles) is not available in the Pallas kernels; valid: 1 "
+            "(for 2-D tiles use proxy.quantize, the XLA backend)"
+        )
+    if getattr(spec, "scale_format", "e8m0") != "e8m0":
+        raise ValueError(
+            f"{what}: scale_format={spec.scale_format!r} (NVFP4) is not available in the Pallas kernels; valid: "
+            "'e8m0' (for E4M3 scales use proxy.quantize, the XLA backend)"
+        )
     if spec.rounding not in ROUNDINGS:
         raise ValueError(
             f"{what}: rounding {spec.rounding!r} is not available in the Pallas kernels; valid: "

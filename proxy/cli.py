@@ -25,7 +25,7 @@ def _bench(args) -> int:
 
 _CHOICES = {  # fields whose valid values argparse should list
     "act": "proxy.layers:ACTIVATIONS", "teacher_act": "proxy.layers:ACTIVATIONS", "norm": "proxy.model:NORMS",
-    "init": "proxy.model:INITS", "optimizer": "proxy.config:OPTIMIZERS", "schedule": "proxy.config:SCHEDULES",
+    "init": "proxy.model:INITS", "arch": "proxy.model:ARCHS", "optimizer": "proxy.config:OPTIMIZERS", "schedule": "proxy.config:SCHEDULES",
     "gradient_reference": "proxy.config:GRADIENT_REFERENCES", "recipe": "proxy.recipe:PRESETS",
 }
 

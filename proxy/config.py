@@ -12,7 +12,8 @@ import numpy as np
 
 from proxy import recipe as _recipes
 from proxy.layers import ACTIVATIONS
-from proxy.model import INITS, NORMS
+from proxy.controllers import GNMR
+from proxy.model import ARCHS, INITS, NORMS
 from proxy.quantize import MXSpec
 from proxy.recipe import Recipe
 
@@ -39,6 +40,13 @@ class Config:
     ``data_seed`` (batches), ``teacher_seed`` (teacher weights).
 
     Precision: ``recipe`` (a preset name or a :class:`Recipe`).
+
+    Beyond the paper: ``arch`` ``"resmlp"`` (the paper's student) or
+    ``"ngpt"`` (hypersphere-normalized, :mod:`proxy.ngpt`; ``norm`` does not
+    apply); ``controller``: ``None`` or a :class:`proxy.controllers.GNMR`
+    stability controller (a string such as ``"gnmr"`` or
+    ``"gnmr:threshold=3,lock_steps=50"`` is parsed), which promotes units to
+    its action's precision at run time.
 
     Recording: loss, gradient and update norms every step; every
     ``diagnostics_every`` steps (0 = never) the reference gradient, ‖ζ‖ bound,
@@ -83,6 +91,8 @@ class Config:
     data_seed: int = 0
     teacher_seed: int = 0
     recipe: str | Recipe = "fp32"
+    arch: str = "resmlp"
+    controller: GNMR | str | None = None
     diagnostics_every: int = 10
     gradient_reference: str = "same_point"
     diagnostic_format: str = "fp8_e4m3"
@@ -124,6 +134,14 @@ class Config:
         choice("act", ACTIVATIONS)
         choice("teacher_act", ACTIVATIONS, optional=True)
         choice("norm", NORMS)
+        choice("arch", ARCHS)
+        if isinstance(self.controller, str):
+            object.__setattr__(self, "controller", GNMR.parse(self.controller))
+        elif isinstance(self.controller, dict):
+            object.__setattr__(self, "controller", GNMR.from_dict(self.controller))
+        elif self.controller is not None and not isinstance(self.controller, GNMR):
+            raise ValueError(f"controller must be None, a GNMR or a string such as 'gnmr:threshold=3', "
+                             f"got {self.controller!r}")
         choice("init", INITS)
         choice("optimizer", OPTIMIZERS)
         choice("schedule", SCHEDULES)
@@ -190,6 +208,13 @@ class Config:
         """JSON-safe dict; the recipe is its preset name when it is an unmodified preset."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["recipe"] = _recipes.to_json(self.recipe)
+        # knobs added after the paper's proxy appear only when set, so stored runs keep their hashes
+        if self.arch == "resmlp":
+            del d["arch"]
+        if self.controller is None:
+            del d["controller"]
+        else:
+            d["controller"] = self.controller.to_dict()
         return d
 
     @classmethod

@@ -15,10 +15,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from proxy.quantize import MXSpec, quantize_stats
+from proxy.quantize import MXSpec, quantize, quantize_stats
 
 __all__ = ["sq_norm", "global_norm", "gradient_error", "per_block", "ln_statistics",
-           "weight_clamp", "activation_clamp", "is_spike"]
+           "weight_clamp", "activation_clamp", "weight_transpose_mismatch", "is_spike"]
 
 
 def sq_norm(tree) -> jax.Array:
@@ -47,8 +47,9 @@ def gradient_error(g_low, g_ref) -> tuple[jax.Array, jax.Array]:
 
 
 def per_block(fn, *trees) -> jax.Array:
-    """Stack ``fn(*subtrees)`` over the student's blocks (sorted by index)."""
-    keys = sorted(trees[0], key=lambda k: int(k.split("_")[-1]))
+    """Stack ``fn(*subtrees)`` over the student's blocks (sorted by index;
+    other top-level entries, such as the nGPT student's ``head``, are not blocks)."""
+    keys = sorted((k for k in trees[0] if k.startswith("block_")), key=lambda k: int(k.split("_")[-1]))
     return jnp.stack([jnp.asarray(fn(*(t[k] for t in trees))) for k in keys])
 
 
@@ -60,7 +61,7 @@ def ln_statistics(params, spec: MXSpec) -> dict[str, jax.Array]:
     """LayerNorm gain/bias diagnostics per block: the fraction of gains the
     spec clamps (and lands in the last bin) in blocks along the feature axis,
     and the mean/variance of gains and biases. Empty without LayerNorm."""
-    if "ln_gain" not in next(iter(params.values())):
+    if not all("ln_gain" in params[k] for k in params if k.startswith("block_")):
         return {}
     out = {
         "ln_clamp_frac": per_block(lambda b: quantize_stats(b["ln_gain"], spec).clamped_frac, params),
@@ -93,6 +94,28 @@ def activation_clamp(intermediates, spec: MXSpec) -> jax.Array:
         return _fraction([(s1, a1.size), (s2, a2.size)], "clamped_frac")
 
     return per_block(block, intermediates)
+
+
+def weight_transpose_mismatch(params, fwd_spec: MXSpec, dgrad_spec: MXSpec) -> jax.Array:
+    """Per block: how far the weight the forward GEMM sees differs from the one
+    the dgrad GEMM sees, ‖Q_fwd(W) − Q_dgrad(W)‖ / ‖W‖ over fc1 and fc2.
+
+    The forward GEMM quantizes W in blocks along in-features (axis 0), dgrad
+    along out-features (axis 1): with 1-D blocks the two quantized weights
+    differ (the transposition inconsistency of 2-D-scaling FP4 training);
+    with one 2-D-tiled spec for both they are the same and this is exactly 0.
+    Stochastic specs are compared at their round-to-nearest-even variant."""
+
+    def det(spec):
+        return spec.replace(rounding="even") if spec.rounding == "stochastic" else spec
+
+    f, g = det(fwd_spec), det(dgrad_spec)
+
+    def block(b):
+        diff = sum(jnp.sum(jnp.square(quantize(b[n], f, axis=0) - quantize(b[n], g, axis=1))) for n in ("fc1", "fc2"))
+        return jnp.sqrt(diff / (jnp.sum(jnp.square(b["fc1"])) + jnp.sum(jnp.square(b["fc2"]))))
+
+    return per_block(block, params)
 
 
 def is_spike(loss, prev_loss, factor) -> jax.Array:

@@ -13,6 +13,14 @@ A step that produces a non-finite loss, or a loss above ``spike_factor`` ×
 the previous one, marks the run diverged at that step; from then on the
 parameters are frozen (masked updates), which keeps a diverged member of a
 vmapped sweep from poisoning the others.
+
+Beyond the paper: recipes that round stochastically get a key per step,
+``fold_in(fold_in(key(seed), ROUNDING_STREAM), t)`` (the model folds in the
+block and layer, the layer the operand role), so a run replays exactly; the
+``ngpt`` student's weights are renormalized after init and after every
+optimizer step; a stability controller (``Config.controller``) keeps its
+state in the :class:`TrainState` and switches the precision of each unit as
+traced state inside the scan (see :mod:`proxy.controllers`).
 """
 
 from __future__ import annotations
@@ -27,9 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from proxy import data, diagnostics
+from proxy import controllers, data, diagnostics, model
 from proxy.config import Config
-from proxy.model import Student, Teacher
+from proxy.model import Teacher
 from proxy.quantize import MXSpec
 from proxy.recipe import PRESETS
 
@@ -40,6 +48,9 @@ __all__ = ["Dynamic", "TrainState", "Program", "program_for", "dynamic_for", "st
 DYNAMIC_FIELDS = ("lr", "lr_min", "noise", "spike_factor", "seed", "data_seed", "teacher_seed", "steps")
 # Config fields only the host loop reads (checkpointing): they never change the compiled program.
 HOST_FIELDS = ("checkpoint_every", "checkpoint_at")
+# Folded into the seed's key to make the stochastic-rounding stream (apart from init).
+ROUNDING_STREAM = 0x5EED
+_VAL_STEP = 0x7FFFFFFF  # the rounding "step" of validation passes (training steps never reach it)
 
 
 def compiler_options() -> dict | None:
@@ -102,6 +113,7 @@ class TrainState(NamedTuple):
     diverged_at: jax.Array
     ref_params: Any = None
     ref_opt: Any = None
+    ctrl: Any = None
 
 
 def dynamic_for(config: Config) -> Dynamic:
@@ -130,6 +142,13 @@ def _per_member(x, dyn: Dynamic):
     return jnp.where(dyn.lr == dyn.lr, x, jnp.nan)
 
 
+def _diagnostic_spec(spec: MXSpec, keep_tiles: bool = False) -> MXSpec:
+    """The spec clamp statistics are counted with: deterministic rounding (the
+    counts do not depend on it), and 1-D blocks for vectors and activations."""
+    spec = spec.replace(rounding="even") if spec.rounding == "stochastic" else spec
+    return spec if keep_tiles else spec.replace(block_dims=1)
+
+
 def _where(cond, new, old):
     return jax.tree.map(lambda a, b: jnp.where(cond, a, b), new, old)
 
@@ -141,8 +160,16 @@ class Program:
         c = self.config = static_key(config)
         self.recipe = c.recipe
         kw = dict(width=c.width, depth=c.depth, act=c.act, norm=c.norm, init_scheme=c.init, init_gain=c.init_gain)
-        self.student = Student(recipe=c.recipe, **kw)
-        self.reference = Student(recipe=PRESETS["fp32"], **kw)
+        self.controller = c.controller
+        high = PRESETS[c.controller.action] if c.controller is not None else None
+        self.student = model.student(c.arch, recipe=c.recipe, high_recipe=high, **kw)
+        self.reference = model.student(c.arch, recipe=PRESETS["fp32"], **kw)
+        self.normalize = None
+        if c.arch == "ngpt":
+            from proxy.ngpt import normalize_weights
+
+            self.normalize = normalize_weights
+        self.stochastic = c.recipe.stochastic
         tw, td, ta = c.teacher
         self.teacher = Teacher(width=c.width, hidden=tw, depth=td, act=ta)
         if c.optimizer == "adam":
@@ -154,8 +181,9 @@ class Program:
         self.period = c.diagnostics_every
         self.paired = c.gradient_reference == "paired_run"
         rs = c.recipe
-        self.ln_spec = rs.weight_spec or MXSpec(c.diagnostic_format)
-        self.act_spec = rs.fwd_x or rs.weight_spec or MXSpec(c.diagnostic_format)
+        self.ln_spec = _diagnostic_spec(rs.weight_spec or MXSpec(c.diagnostic_format))
+        self.act_spec = _diagnostic_spec(rs.fwd_x or rs.weight_spec or MXSpec(c.diagnostic_format))
+        self.weight_spec = _diagnostic_spec(rs.weight_spec or MXSpec(c.diagnostic_format), keep_tiles=True)
         opts = compiler_options()
         self.run_segment = jax.jit(self._segment, static_argnames=("n_periods", "tail", "plain"),
                                    compiler_options=opts)
@@ -167,12 +195,16 @@ class Program:
     def _init(self, dyn: Dynamic):
         c = self.config
         x0 = jnp.zeros((1, c.width), jnp.float32)
-        params = self.student.init(jax.random.wrap_key_data(dyn.init_key), x0)["params"]
+        params = self.reference.init(jax.random.wrap_key_data(dyn.init_key), x0)["params"]
+        if self.normalize is not None:
+            params = self.normalize(params)
         teacher = self.teacher.init(jax.random.wrap_key_data(dyn.teacher_key), x0)["params"]
         opt = self.tx.init(params)
         state = TrainState(params, opt, jnp.float32(jnp.inf), jnp.bool_(False), jnp.int32(-1))
         if self.paired:
             state = state._replace(ref_params=params, ref_opt=opt)
+        if self.controller is not None:
+            state = state._replace(ctrl=controllers.init(self.controller, 2 * c.depth))
         return state, teacher
 
     def lr_at(self, dyn: Dynamic, t):
@@ -193,24 +225,62 @@ class Program:
         y = data.targets(lambda v: self.teacher.apply({"params": teacher}, v), x, noise, dyn.noise)
         return _per_member(x, dyn), y
 
-    def _loss_grad(self, model, params, x, y):
+    def _loss_grad(self, model, params, x, y, key=None, promote=None):
         def loss_fn(p):
-            pred, inter = model.apply({"params": p}, x, mutable=["intermediates"])
+            pred, inter = model.apply({"params": p}, x, key, promote, mutable=["intermediates"])
             return jnp.mean(jnp.square(pred - y)), inter["intermediates"]
 
         (loss, inter), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         return loss, grads, inter
 
+    def rounding_key(self, dyn: Dynamic, t):
+        """The stochastic-rounding key of step t (``None`` for deterministic recipes)."""
+        if not self.stochastic:
+            return None
+        base = jax.random.fold_in(jax.random.wrap_key_data(dyn.init_key), ROUNDING_STREAM)
+        return jax.random.fold_in(base, t)
+
     def _update(self, tx_state, params, grads, lr):
         updates, opt = self.tx.update(grads, tx_state, params)
         updates = jax.tree.map(lambda u: -lr * u, updates)
-        return optax.apply_updates(params, updates), opt, updates
+        new = optax.apply_updates(params, updates)
+        if self.normalize is not None:
+            new = self.normalize(new)
+        return new, opt, updates
+
+    def _promote(self, state: TrainState):
+        """The (depth, 2) promotion mask in force for this step, or ``None``."""
+        if self.controller is None:
+            return None
+        return controllers.promoted(state.ctrl).reshape(self.config.depth, 2)
 
     def _step(self, state: TrainState, t, dyn: Dynamic, teacher, diag: bool):
-        x, y = self._batch(dyn, teacher, t)
-        loss, grads, inter = self._loss_grad(self.student, state.params, x, y)
+        promote = self._promote(state)
+        key = self.rounding_key(dyn, t)
         lr = self.lr_at(dyn, t)
-        new_params, new_opt, updates = self._update(state.opt_state, state.params, grads, lr)
+
+        def body(mask):
+            """Batch, forward/backward, update, paired reference, diagnostics."""
+            x, y = self._batch(dyn, teacher, t)
+            loss, grads, inter = self._loss_grad(self.student, state.params, x, y, key, mask)
+            new_params, new_opt, updates = self._update(state.opt_state, state.params, grads, lr)
+            ref = ref_grads = diag_metrics = None
+            if self.paired:
+                ref_loss, ref_grads, _ = self._loss_grad(self.reference, state.ref_params, x, y)
+                ref = (ref_loss,) + self._update(state.ref_opt, state.ref_params, ref_grads, lr)[:2]
+            if diag:
+                diag_metrics = self._diagnostics(state.params, grads, ref_grads, inter, x, y)
+            return loss, grads, new_params, new_opt, updates, ref, diag_metrics
+
+        if promote is None:
+            out = body(None)
+        else:
+            # One cond around everything that touches the batch: with no unit
+            # promoted, the plain branch is the very program of a run without a
+            # controller, bit for bit (finer conds move fusion boundaries, and
+            # with them the roundings).
+            out = jax.lax.cond(jnp.any(promote), lambda: body(promote), lambda: body(None))
+        loss, grads, new_params, new_opt, updates, ref, diag_metrics = out
         bad = diagnostics.is_spike(loss, state.prev_loss, dyn.spike_factor)
         ok = ~state.diverged & ~bad
         new_state = TrainState(
@@ -227,16 +297,23 @@ class Program:
             "update_norm": diagnostics.global_norm(updates),
             "grad_norm/block": diagnostics.per_block(diagnostics.global_norm, grads),
         }
-        ref_grads = None
-        if self.paired:
-            ref_loss, ref_grads, _ = self._loss_grad(self.reference, state.ref_params, x, y)
-            rp, ro, _ = self._update(state.ref_opt, state.ref_params, ref_grads, lr)
+        if self.controller is not None:
+            ctrl, info = controllers.update(self.controller, state.ctrl, controllers.unit_norms(grads))
+            new_state = new_state._replace(ctrl=_where(ok, ctrl, state.ctrl))
+            metrics.update({
+                "gnmr/unit": info["gnmr"],
+                "delta_gnmr/unit": info["delta_gnmr"],
+                "promoted/unit": promote.reshape(-1),
+                "low_precision_frac": 1.0 - jnp.mean(promote[:, 1].astype(jnp.float32)),
+            })
+        if ref is not None:
+            ref_loss, rp, ro = ref
             ref_ok = jnp.isfinite(ref_loss)
             new_state = new_state._replace(ref_params=_where(ref_ok, rp, state.ref_params),
                                            ref_opt=_where(ref_ok, ro, state.ref_opt))
             metrics["ref_loss"] = ref_loss
         if diag:
-            metrics.update(self._diagnostics(state.params, grads, ref_grads, inter, x, y))
+            metrics.update(diag_metrics)
         elif self.period:
             metrics.update(self._nan_diagnostics(state, dyn, teacher))
         return new_state, metrics
@@ -246,15 +323,18 @@ class Program:
             _, ref_grads, _ = self._loss_grad(self.reference, params, x, y)
         zeta, cos = diagnostics.gradient_error(grads, ref_grads)
         per = {k: diagnostics.gradient_error(grads[k], ref_grads[k]) for k in grads}
-        order = sorted(grads, key=lambda k: int(k.split("_")[-1]))
+        order = sorted((k for k in grads if k.startswith("block_")), key=lambda k: int(k.split("_")[-1]))
         out = {
             "zeta_bound": zeta,
             "cosine": cos,
             "zeta_bound/block": jnp.stack([per[k][0] for k in order]),
             "cosine/block": jnp.stack([per[k][1] for k in order]),
-            "weight_clamp_frac/block": diagnostics.weight_clamp(params, self.recipe.weight_spec or self.ln_spec),
+            "weight_clamp_frac/block": diagnostics.weight_clamp(params, self.weight_spec),
             "act_clamp_frac/block": diagnostics.activation_clamp(inter, self.act_spec),
         }
+        r = self.recipe
+        if r.fwd_w is not None and r.dgrad_w is not None:
+            out["weight_fwd_dgrad_diff/block"] = diagnostics.weight_transpose_mismatch(params, r.fwd_w, r.dgrad_w)
         ln = diagnostics.ln_statistics(params, self.ln_spec)
         out.update({f"{k}/block": v for k, v in ln.items()})
         if ln:
@@ -267,7 +347,7 @@ class Program:
         if self._template is None:
             def probe(s, d, te):
                 x, y = self._batch(d, te, 0)
-                _, g, inter = self._loss_grad(self.student, s.params, x, y)
+                _, g, inter = self._loss_grad(self.reference, s.params, x, y)
                 return self._diagnostics(s.params, g, g, inter, x, y)
 
             self._template = jax.eval_shape(probe, state, dyn, teacher)
@@ -320,7 +400,7 @@ class Program:
         for i in range(c.val_batches):
             x, noise = data.val_inputs(key, i, c.batch, c.width)
             y = data.targets(lambda v: self.teacher.apply({"params": teacher}, v), x, noise, dyn.noise)
-            pred = self.student.apply({"params": params}, _per_member(x, dyn))
+            pred = self.student.apply({"params": params}, _per_member(x, dyn), self.rounding_key(dyn, _VAL_STEP))
             total = total + jnp.mean(jnp.square(pred - y))
         return total / c.val_batches
 

@@ -26,7 +26,9 @@ Exactness: on CPU, a member of a vmapped sweep reproduces its single
 member (XLA otherwise simplifies the first LayerNorm's backward differently
 for an unbatched input); and Adam's bias correction is written as a product
 with per-step scalars (XLA rewrites a division by a broadcast scalar
-differently with and without a member axis).
+differently with and without a member axis). A group whose config has a
+stability controller maps its members with ``lax.map`` instead of ``vmap``
+(see :func:`_vmapped`), which keeps that equality.
 """
 
 from __future__ import annotations
@@ -278,7 +280,21 @@ def _vmapped(program: Program, dyn_axes: Dynamic, teacher_axis):
             def one(s, d, te):
                 return program._segment(s, d, te, start, n_periods=n_periods, tail=tail, plain=plain)
 
-            return jax.vmap(one, in_axes=(0, dyn_axes, teacher_axis))(state, dyn, teacher)
+            if program.controller is None:
+                return jax.vmap(one, in_axes=(0, dyn_axes, teacher_axis))(state, dyn, teacher)
+            # A stability controller's step is one lax.cond; vmap would turn it into a
+            # select of both branches, inlined and fused differently from a single
+            # run. lax.map keeps it a cond, so members still match single runs bit
+            # for bit (members then run one after another).
+            mapped = (state, Dynamic(*[v if ax == 0 else None for v, ax in zip(dyn, dyn_axes)]),
+                      teacher if teacher_axis == 0 else None)
+
+            def member(xs):
+                s, d, te = xs
+                d = Dynamic(*[v if ax == 0 else full for v, full, ax in zip(d, dyn, dyn_axes)])
+                return one(s, d, te if teacher_axis == 0 else teacher)
+
+            return jax.lax.map(member, mapped)
 
         seg = jax.jit(segment, static_argnames=("n_periods", "tail", "plain"), compiler_options=opts)
         val = jax.jit(jax.vmap(program._val_loss, in_axes=(0, dyn_axes, teacher_axis)), compiler_options=opts)

@@ -22,8 +22,9 @@ or ``"fp32"``).
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 
-from proxy.quantize import MXSpec
+from proxy.quantize import NVFP4, MXSpec
 
 __all__ = ["Recipe", "PRESETS", "get", "names", "VECTOR_PRECISIONS", "table"]
 
@@ -49,6 +50,13 @@ class Recipe:
         ``"fp32"`` (the paper's "stop quantizing GELU" intervention).
       backend: GEMM implementation, ``"xla"`` (quantize, then ``jnp.dot``) or
         ``"pallas"`` (the fused kernels in ``kernels/``).
+      overrides: ``((pattern, recipe), ...)``: dense layers whose name matches
+        ``pattern`` (an ``fnmatch`` glob over the names
+        ``block_{i}/fc{j}``, ``first/fc{j}`` for block 0 and ``last/fc{j}``
+        for the last block) run their GEMMs under that recipe instead: how a
+        recipe marks a sensitive GEMM (e.g. keeps it in MXFP8 inside an FP4
+        recipe). The first match wins; LayerNorm and activations always
+        follow the outer recipe.
     """
 
     name: str = "custom"
@@ -63,6 +71,7 @@ class Recipe:
     ln_affine: MXSpec | None = None
     act_precision: str = "vector"
     backend: str = "xla"
+    overrides: tuple[tuple[str, "Recipe"], ...] = ()
 
     def __post_init__(self):
         for field in _OPERANDS + ("ln_affine",):
@@ -81,6 +90,22 @@ class Recipe:
             if stochastic:
                 raise ValueError(f"backend 'pallas' supports roundings even and away; {', '.join(stochastic)} "
                                  f"use stochastic rounding (valid with backend 'xla')")
+            special = [f for f in _OPERANDS if getattr(self, f) is not None
+                       and (getattr(self, f).block_dims != 1 or getattr(self, f).scale_format != "e8m0")]
+            if special:
+                raise ValueError(f"backend 'pallas' supports 1-D blocks with E8M0 scales; {', '.join(special)} "
+                                 f"use 2-D tiles or E4M3 (NVFP4) scales (valid with backend 'xla')")
+        ov = self.overrides
+        if isinstance(ov, (str, bytes)) or not hasattr(ov, "__iter__"):
+            raise ValueError(f"Recipe.overrides must be a tuple of (pattern, Recipe) pairs, got {ov!r}")
+        ov = tuple(tuple(p) if isinstance(p, (list, tuple)) else p for p in ov)
+        for pair in ov:
+            if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)
+                    and isinstance(pair[1], Recipe)):
+                raise ValueError(f"Recipe.overrides entries must be (pattern, Recipe) pairs, got {pair!r}")
+            if pair[1].overrides:
+                raise ValueError(f"an override recipe cannot have overrides itself ({pair[1].name!r})")
+        object.__setattr__(self, "overrides", ov)
 
     def replace(self, **changes) -> "Recipe":
         """A variant (``dataclasses.replace``); the name is kept unless given."""
@@ -93,6 +118,21 @@ class Recipe:
             all(getattr(self, f) is None for f in _OPERANDS + ("ln_affine",))
             and self.vector == "fp32"
         )
+
+    @property
+    def stochastic(self) -> bool:
+        """True when some GEMM operand (here or in an override) rounds stochastically."""
+        return any(getattr(r, f) is not None and getattr(r, f).rounding == "stochastic"
+                   for r in (self,) + tuple(o for _, o in self.overrides) for f in _OPERANDS)
+
+    def for_layer(self, *names: str) -> "Recipe":
+        """The recipe of one dense layer known by ``names`` (e.g.
+        ``("block_0/fc1", "first/fc1")``): the first override whose pattern
+        matches one of them, else this recipe."""
+        for pattern, recipe in self.overrides:
+            if any(fnmatch.fnmatchcase(n, pattern) for n in names):
+                return recipe
+        return self
 
     @property
     def quantizes_backward(self) -> bool:
@@ -122,6 +162,29 @@ def _mixed(name: str, fwd: str, bwd: str, *, rounding: str = "even", ln_affine: 
     return Recipe(name, f, f, b, b, b, b, vector="bf16", ln_affine=f if ln_affine else None)
 
 
+def _two_d(name: str, element: str, *, grad_rounding: str = "even", tile: int = 32,
+           overrides: tuple = ()) -> Recipe:
+    """Truncation-free (rceil) 1-D blocks for activations and gradients, one
+    2-D tile spec shared by the forward and dgrad weight (seed 003's FP4
+    recipe); LN affine unquantized, bf16 vector math."""
+    act = MXSpec(element, scale_rule="rceil")
+    grad = act.replace(rounding=grad_rounding)
+    w = MXSpec(element, block_size=tile, scale_rule="rceil", block_dims=2)
+    return Recipe(name, act, w, grad, w, act, grad, vector="bf16", overrides=overrides)
+
+
+def _beyond_the_paper() -> list[Recipe]:
+    mxfp8_2d = _two_d("mxfp8_2d", "fp8_e4m3")
+    sensitive = mxfp8_2d.replace(name="mxfp8_2d (sensitive GEMM)")
+    mxfp4_2d = _two_d("mxfp4_2d", "fp4_e2m1", grad_rounding="stochastic",
+                      overrides=(("first/fc1", sensitive), ("last/fc2", sensitive)))
+    nv = NVFP4
+    nvfp4 = Recipe("nvfp4", nv, nv, nv, nv, nv, nv, vector="bf16")
+    w2d, sr = nv.replace(block_dims=2), nv.replace(rounding="stochastic")
+    nvfp4_2d = Recipe("nvfp4_2d", nv, w2d, sr, w2d, nv, sr, vector="bf16")
+    return [mxfp8_2d, mxfp4_2d, nvfp4, nvfp4_2d]
+
+
 def _build_presets() -> dict[str, Recipe]:
     e4m3 = _uniform("mxfp8_e4m3", "fp8_e4m3")
     presets = [
@@ -140,6 +203,7 @@ def _build_presets() -> dict[str, Recipe]:
         e4m3.replace(name="ln_exempt", ln_precision="fp32", ln_affine=None),
         _uniform("rceil", "fp8_e4m3", rule="rceil"),
         _mixed("reference_mixed", "fp8_e4m3", "fp8_e5m2", rounding="away", ln_affine=False),
+        *_beyond_the_paper(),
     ]
     return {r.name: r for r in presets}
 
@@ -161,6 +225,11 @@ _DESCRIPTIONS = {
     "ln_exempt": "mxfp8_e4m3 but LN math in fp32 and LN affine not quantized: paper mitigation",
     "rceil": "mxfp8_e4m3 with the round-up ('bumped exponent') scale: never clamps",
     "reference_mixed": "the reference library's mx-mix exactly: E4M3 fwd, E5M2 bwd, bf16 vector math, ties away, LN affine unquantized",
+    "mxfp8_2d": "E4M3 with rceil scales everywhere; weights in 32×32 tiles, so forward and dgrad see one quantized W; LN affine unquantized",
+    "mxfp4_2d": "seed 003's FP4 recipe: E2M1, rceil, 32×32 weight tiles, stochastic rounding of gradients; the sensitive GEMMs "
+                "(first/fc1, last/fc2) in mxfp8_2d; LN affine unquantized",
+    "nvfp4": "NVFP4: E2M1 in 16-element blocks with E4M3 block scales and a per-tensor FP32 scale, all six operands; LN affine unquantized",
+    "nvfp4_2d": "nvfp4 with 16×16 weight tiles and stochastic rounding of gradients (NVIDIA's NVFP4 training recipe, without the Hadamard transform)",
 }
 
 
@@ -185,7 +254,11 @@ def table() -> str:
     """A markdown table of every preset (the README embeds it)."""
 
     def fmt(spec):
-        return "–" if spec is None else f"{spec.element.name}/{spec.scale_rule}/{spec.rounding}"
+        if spec is None:
+            return "–"
+        tile = f"/{spec.block_size}x{spec.block_size}" if spec.block_dims == 2 else ""
+        kind = "nvfp4" if spec.scale_format == "e4m3" else spec.element.name
+        return f"{kind}{tile}/{spec.scale_rule}/{spec.rounding}"
 
     rows = ["| recipe | forward x, W | dgrad g, W | wgrad x, g | LN affine | vector | what |",
             "|---|---|---|---|---|---|---|"]
@@ -201,8 +274,12 @@ def table() -> str:
 def _spec_to_json(spec: MXSpec | None):
     if spec is None:
         return None
-    return {"element": spec.element.name, "block_size": spec.block_size,
-            "scale_rule": spec.scale_rule, "rounding": spec.rounding}
+    out = {"element": spec.element.name}
+    for f in dataclasses.fields(spec):
+        if f.name != "element" and (f.name in ("block_size", "scale_rule", "rounding")
+                                    or getattr(spec, f.name) != f.default):
+            out[f.name] = getattr(spec, f.name)  # newer knobs only when set: stored configs keep their hash
+    return out
 
 
 def to_json(recipe: Recipe):
@@ -212,7 +289,11 @@ def to_json(recipe: Recipe):
     out = {}
     for f in dataclasses.fields(recipe):
         v = getattr(recipe, f.name)
-        out[f.name] = _spec_to_json(v) if isinstance(v, MXSpec) or f.name in _OPERANDS + ("ln_affine",) else v
+        if f.name == "overrides":
+            if v:
+                out[f.name] = [[p, to_json(r)] for p, r in v]
+        else:
+            out[f.name] = _spec_to_json(v) if isinstance(v, MXSpec) or f.name in _OPERANDS + ("ln_affine",) else v
     return out
 
 
@@ -226,4 +307,6 @@ def from_json(obj) -> Recipe:
     for f in _OPERANDS + ("ln_affine",):
         if kw.get(f) is not None:
             kw[f] = MXSpec(**kw[f])
+    if "overrides" in kw:
+        kw["overrides"] = tuple((p, from_json(r)) for p, r in kw["overrides"])
     return Recipe(**kw)

@@ -54,6 +54,25 @@ class Run:
             losses = losses[self.metrics["step"] < self.diverged_at]
         return float(losses.iloc[-1]) if len(losses) else float("nan")
 
+    @property
+    def events(self) -> pd.DataFrame:
+        """The stability controller's promotions and releases, one row each:
+        ``step`` (first step the unit ran promoted, or back in low
+        precision), ``unit``, ``event`` (``promote``/``release``) and the
+        ``gnmr``/``delta_gnmr`` that triggered it. Empty without a controller."""
+        from proxy import controllers
+
+        depth = self.config.depth
+        names = controllers.unit_names(depth)
+        cols = [f"promoted/{n}" for n in names]
+        if self.config.controller is None or not all(c in self.metrics for c in cols):
+            return controllers.events(np.zeros(0, np.int64), np.zeros((0, len(names)), bool),
+                                      np.zeros((0, len(names))), np.zeros((0, len(names))), names)
+        m = self.metrics
+        return controllers.events(m["step"].to_numpy(), m[cols].to_numpy(bool),
+                                  m[[f"gnmr/{n}" for n in names]].to_numpy(),
+                                  m[[f"delta_gnmr/{n}" for n in names]].to_numpy(), names)
+
     def summary(self) -> str:
         """One line: recipe, steps, final loss, divergence."""
         c = self.config
@@ -66,12 +85,16 @@ class Run:
 
 
 _LEADING = ("loss", "lr", "grad_norm", "update_norm", "zeta_bound", "cosine", "ln_clamp_frac",
-            "weight_clamp_frac", "act_clamp_frac", "ref_loss")
+            "weight_clamp_frac", "act_clamp_frac", "ref_loss", "low_precision_frac")
 
 
 def metrics_frame(metrics: dict[str, np.ndarray], start: int = 0) -> pd.DataFrame:
     """Flatten stacked step metrics (leaves (T,) or (T, depth)) into columns;
-    per-block arrays ``name/block`` become ``name/block_0`` … columns."""
+    per-block arrays ``name/block`` become ``name/block_0`` … columns, and
+    per-unit arrays ``name/unit`` (T, 2·depth) of the stability controller
+    ``name/block_0/ln``, ``name/block_0/gemm`` … columns."""
+    from proxy.controllers import unit_names
+
     cols: dict[str, np.ndarray] = {}
     n = None
     for name, arr in metrics.items():
@@ -80,6 +103,10 @@ def metrics_frame(metrics: dict[str, np.ndarray], start: int = 0) -> pd.DataFram
         if arr.ndim == 1:
             cols[name] = arr
         else:
+            if name.endswith("/unit"):
+                for i, unit in enumerate(unit_names(arr.shape[1] // 2)):
+                    cols[f"{name.removesuffix('/unit')}/{unit}"] = arr[:, i]
+                continue
             base = name.removesuffix("/block")
             for i in range(arr.shape[1]):
                 cols[f"{base}/block_{i}"] = arr[:, i]

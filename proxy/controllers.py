@@ -1,0 +1,364 @@
+"""Runtime stability controllers: GNMR (Gradient Norm-to-Mean Ratio).
+
+GNMR watches the gradient norm of every *recoverable unit* and, when it jumps
+relative to the unit's own history, promotes that unit to a higher precision
+(``action``: bf16 or fp32) for a fixed number of steps. Nothing else about
+the run changes (format, kernels, recipe of the other units).
+
+Units
+-----
+Two per residual block, ordered block-major, LayerNorm before GEMMs:
+``("block_0/ln", "block_0/gemm", "block_1/ln", ...)``, U = 2·depth
+(:func:`unit_names`). :func:`unit_norms` maps the student's gradient pytree
+onto them through :data:`PARAM_UNITS` (``alpha``, the step size of an
+nGPT-style block without LayerNorm, belongs to the ln unit; a block with no
+ln-kind parameter has ln norm 0, whose ratios are 0/0 = NaN and never fire).
+
+Ratios (computed by :func:`update` at step t from the unit's norm g_t)
+---------------------------------------------------------------------
+* ``gnmr``       = g_t / mean of every finite norm the unit produced before t
+  (NaN until one finite norm has been seen);
+* ``delta_gnmr`` = g_t / mean of the finite norms among the last ``window``
+  updates t−window … t−1 (NaN until ``window`` updates have been seen, or when
+  all of them were non-finite).
+
+Statistics are exact and simple: a float32 running sum and an int32 count of
+finite norms per unit (the mean is their quotient) and a ring buffer of the
+last ``window`` norms. Every finite norm enters them, including the norms a
+unit produces while promoted (so the history keeps tracking the trajectory
+and is not stale at release) and the norm that triggers a promotion;
+non-finite norms never do (they are stored as NaN in the ring buffer and
+skipped by its mean).
+
+Triggers
+--------
+At update t a unit *fires* when all of
+  (a) it ran in low precision at step t (it is not promoted; a promoted unit
+      can neither re-trigger nor extend its lock, and a unit released at
+      update t is first judged again at update t+1),
+  (b) at least ``warmup`` updates (≥ ``window``) preceded this one, and
+  (c) g_t is non-finite, or gnmr > ``threshold``, or delta_gnmr >
+      ``delta_threshold`` (Δ-GNMR off when that is None).
+
+Budget
+------
+At most ``max_overrides`` units are promoted at any step. The free slots at
+update t are ``max_overrides`` minus the units that stay promoted at step t+1
+(slots of units released at update t are free again). If more units fire than
+slots are free, the ones with the highest score max(gnmr, delta_gnmr) win
+(a non-finite norm scores +inf), ties going to the lower unit index; the
+others are dropped (they are judged afresh on their next norm).
+
+Timeline (L = ``lock_steps``)
+-----------------------------
+The state holds ``lock`` (U,), the remaining promoted steps; ``promoted(state)``
+= lock > 0 is the mask in force for the step about to run. Per step t::
+
+    mask_t = promoted(state)            # precision of each unit at step t
+    grads_t = step(params, mask_t)      # → norms_t = unit_norms(grads_t)
+    state, info = update(ctrl, state, norms_t)
+
+A unit triggered at update t runs promoted at steps t+1 … t+L (exactly L
+steps), is released by update t+L (``info["released"]``) and runs in low
+precision again from step t+L+1; it can fire again at update t+L+1 at the
+earliest. Example, L = 3, spike at step 40::
+
+    step        39  40  41  42  43  44  45
+    mask         ·   ·   P   P   P   ·   ·
+    lock after   0   3   2   1   0   0   0
+    info         -  trig  -   -  rel  -   -
+
+:func:`events` turns a recorded mask into promote/release rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["GNMR", "GNMRState", "ACTIONS", "UNIT_KINDS", "PARAM_UNITS", "init", "promoted", "update",
+           "unit_names", "unit_norms", "events", "EVENT_COLUMNS"]
+
+ACTIONS = ("bf16", "fp32")
+UNIT_KINDS = ("ln", "gemm")
+PARAM_UNITS = {"ln_gain": "ln", "ln_bias": "ln", "alpha": "ln",
+               "fc1": "gemm", "fc2": "gemm", "fc2_bias": "gemm", "s_u": "gemm"}
+EVENT_COLUMNS = ("step", "unit", "event", "gnmr", "delta_gnmr")
+
+_BLOCK = re.compile(r"^block_(\d+)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class GNMR:
+    """GNMR controller settings (frozen, hashable: a static jit argument).
+
+    ``threshold`` (> 1) on g_t / historical mean; ``delta_threshold`` (> 1,
+    None = off) on g_t / mean of the last ``window`` norms; no trigger before
+    ``warmup`` (≥ ``window``) updates; a triggered unit runs in ``action``
+    precision for ``lock_steps`` steps; at most ``max_overrides`` units are
+    promoted at once. See the module docstring for the exact semantics.
+    """
+
+    threshold: float = 3.0
+    delta_threshold: float | None = 2.0
+    window: int = 10
+    max_overrides: int = 1
+    lock_steps: int = 50
+    action: str = "bf16"
+    warmup: int = 20
+
+    def __post_init__(self):
+        def ratio(name, optional=False):
+            v = getattr(self, name)
+            if optional and v is None:
+                return
+            ok = (not isinstance(v, bool) and isinstance(v, (int, float, np.integer, np.floating))
+                  and math.isfinite(v) and v > 1)
+            if not ok:
+                extra = " or None (off)" if optional else ""
+                raise ValueError(f"{name} must be a finite number > 1{extra}, got {v!r}")
+            object.__setattr__(self, name, float(v))
+
+        def positive_int(name, minimum=1, what="a positive integer"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
+                raise ValueError(f"{name} must be {what}, got {v!r}")
+            object.__setattr__(self, name, int(v))
+
+        ratio("threshold")
+        ratio("delta_threshold", optional=True)
+        for name in ("window", "max_overrides", "lock_steps"):
+            positive_int(name)
+        positive_int("warmup", self.window, f"an integer >= window ({self.window})")
+        if self.action not in ACTIONS:
+            raise ValueError(f"unknown action {self.action!r}; valid: {', '.join(ACTIONS)}")
+
+    # -- serialization -------------------------------------------------------
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict of every field."""
+        return {name: getattr(self, name) for name in self.field_names()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "GNMR":
+        unknown = set(d) - set(cls.field_names())
+        if unknown:
+            raise ValueError(f"unknown GNMR field(s) {sorted(unknown)}; valid: {', '.join(cls.field_names())}")
+        return cls(**d)
+
+    def to_text(self) -> str:
+        """The CLI form, ``GNMR.parse(ctrl.to_text()) == ctrl``."""
+        parts = [f"{k}={'none' if v is None else v}" for k, v in self.to_dict().items()]
+        return "gnmr:" + ",".join(parts)
+
+    @classmethod
+    def parse(cls, text: str) -> "GNMR":
+        """Parse the CLI form: ``"gnmr"`` (defaults), ``"gnmr:k=v,..."`` or
+        ``"k=v,..."``, e.g. ``"threshold=3,lock_steps=50,action=fp32"``;
+        ``delta_threshold=none`` disables Δ-GNMR."""
+        if not isinstance(text, str):
+            raise ValueError(f"GNMR spec must be a string, got {text!r}")
+        body = text.strip()
+        head, sep, rest = body.partition(":")
+        if head.strip().lower() == "gnmr":
+            body = rest if sep else ""
+        elif sep:
+            raise ValueError(f"unknown controller {head.strip()!r} in {text!r}; valid: gnmr")
+        kwargs: dict[str, Any] = {}
+        valid = ", ".join(cls.field_names())
+        for item in filter(None, (s.strip() for s in body.split(","))):
+            key, eq, value = (s.strip() for s in item.partition("="))
+            if not eq or not key or not value:
+                raise ValueError(f"bad GNMR setting {item!r} in {text!r}; expected key=value with key in: {valid}")
+            if key not in cls.field_names():
+                raise ValueError(f"unknown GNMR field {key!r} in {text!r}; valid: {valid}")
+            if key in kwargs:
+                raise ValueError(f"GNMR field {key!r} given twice in {text!r}")
+            kwargs[key] = _parse_value(key, value)
+        return cls(**kwargs)
+
+
+def _parse_value(key: str, value: str):
+    if key == "action":
+        return value
+    if key == "delta_threshold" and value.lower() in ("none", "off"):
+        return None
+    try:
+        if key in ("threshold", "delta_threshold"):
+            return float(value)
+        return int(value)
+    except ValueError:
+        kind = "a number" if key in ("threshold", "delta_threshold") else "an integer"
+        raise ValueError(f"GNMR field {key} must be {kind}, got {value!r}") from None
+
+
+class GNMRState(NamedTuple):
+    """Traced controller state for U units (vmap adds a leading member axis).
+
+    count   int32 ()        updates seen (drives warm-up and the ring position)
+    total   float32 (U,)    sum of the finite norms seen
+    n       int32 (U,)      number of finite norms seen (mean = total / n)
+    history float32 (window, U)  ring buffer of the last ``window`` norms, slot
+                            count % window written next; NaN = empty/non-finite
+    lock    int32 (U,)      promoted steps remaining; 0 = low precision
+    """
+
+    count: jax.Array
+    total: jax.Array
+    n: jax.Array
+    history: jax.Array
+    lock: jax.Array
+
+
+def init(ctrl: GNMR, n_units: int) -> GNMRState:
+    """Fresh state: nothing observed, every unit in low precision."""
+    if isinstance(n_units, bool) or not isinstance(n_units, (int, np.integer)) or n_units < 1:
+        raise ValueError(f"n_units must be a positive integer, got {n_units!r}")
+    return GNMRState(count=jnp.zeros((), jnp.int32),
+                     total=jnp.zeros((n_units,), jnp.float32),
+                     n=jnp.zeros((n_units,), jnp.int32),
+                     history=jnp.full((ctrl.window, n_units), jnp.nan, jnp.float32),
+                     lock=jnp.zeros((n_units,), jnp.int32))
+
+
+def promoted(state: GNMRState) -> jax.Array:
+    """(U,) bool: the units running in ``action`` precision at the coming step."""
+    return state.lock > 0
+
+
+def update(ctrl: GNMR, state: GNMRState, norms) -> tuple[GNMRState, dict[str, jax.Array]]:
+    """One controller step, after step t's gradients: ``norms`` (U,) are the
+    per-unit gradient norms of step t (computed under ``promoted(state)``).
+
+    Returns the state for step t+1 and ``info`` of (U,) arrays: ``gnmr``,
+    ``delta_gnmr`` (float32, NaN before enough history), ``triggered``
+    (newly promoted by this update), ``released`` (lock ran out at this
+    update), ``promoted`` (mask in force at step t+1). Pure and jittable
+    (``ctrl`` static); vmap/scan friendly.
+    """
+    g = jnp.asarray(norms, jnp.float32)
+    finite = jnp.isfinite(g)
+
+    # Ratios against the statistics of the norms before this one.
+    mean = state.total / state.n.astype(jnp.float32)           # NaN (0/0) while n == 0
+    gnmr = jnp.where(state.n > 0, g / mean, jnp.nan)
+    hist_ok = jnp.isfinite(state.history)
+    hist_n = jnp.sum(hist_ok, axis=0)
+    recent = jnp.sum(jnp.where(hist_ok, state.history, 0.0), axis=0) / hist_n.astype(jnp.float32)
+    delta = jnp.where((state.count >= ctrl.window) & (hist_n > 0), g / recent, jnp.nan)
+
+    # Who fires (comparisons with NaN are False).
+    was_promoted = state.lock > 0
+    fires = ~finite | (gnmr > ctrl.threshold)
+    if ctrl.delta_threshold is not None:
+        fires = fires | (delta > ctrl.delta_threshold)
+    candidate = fires & ~was_promoted & (state.count >= ctrl.warmup)
+
+    # Budget: free slots after this update's releases; best scores first.
+    lock = jnp.maximum(state.lock - 1, 0)
+    free = ctrl.max_overrides - jnp.sum(lock > 0)
+    score = jnp.fmax(jnp.nan_to_num(gnmr, nan=-jnp.inf), jnp.nan_to_num(delta, nan=-jnp.inf))
+    score = jnp.where(finite, score, jnp.inf)
+    idx = jnp.arange(g.shape[-1])
+    beats = candidate[:, None] & ((score[:, None] > score[None, :])
+                                  | ((score[:, None] == score[None, :]) & (idx[:, None] < idx[None, :])))
+    rank = jnp.sum(beats, axis=0)                              # candidates ahead of each unit
+    triggered = candidate & (rank < free)
+    lock = jnp.where(triggered, jnp.int32(ctrl.lock_steps), lock).astype(jnp.int32)
+    released = was_promoted & (lock == 0)
+
+    # Statistics: every finite norm enters, promoted or not.
+    slot = jnp.arange(ctrl.window) == (state.count % ctrl.window)
+    history = jnp.where(slot[:, None], jnp.where(finite, g, jnp.nan)[None, :], state.history)
+    new = GNMRState(count=state.count + 1,
+                    total=state.total + jnp.where(finite, g, 0.0),
+                    n=state.n + finite.astype(jnp.int32),
+                    history=history,
+                    lock=lock)
+    info = {"gnmr": gnmr, "delta_gnmr": delta, "triggered": triggered, "released": released,
+            "promoted": lock > 0}
+    return new, info
+
+
+# -- units ---------------------------------------------------------------------
+def unit_names(depth: int) -> tuple[str, ...]:
+    """("block_0/ln", "block_0/gemm", "block_1/ln", …): U = 2·depth units."""
+    if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)) or depth < 1:
+        raise ValueError(f"depth must be a positive integer, got {depth!r}")
+    return tuple(f"block_{i}/{kind}" for i in range(depth) for kind in UNIT_KINDS)
+
+
+def _blocks(grads) -> list[str]:
+    found = sorted(((int(m.group(1)), k) for k in grads if (m := _BLOCK.match(str(k)))))
+    if not found:
+        raise ValueError(f"no 'block_<i>' entries in the gradient tree (keys: {sorted(map(str, grads))})")
+    if [i for i, _ in found] != list(range(len(found))):
+        raise ValueError(f"blocks must be numbered 0 … depth-1, got {[k for _, k in found]}")
+    return [k for _, k in found]
+
+
+def unit_norms(grads) -> jax.Array:
+    """(U,) float32 gradient norms per unit, in :func:`unit_names` order, from
+    the student's ``{"block_i": {param: array}}`` gradients. Other top-level
+    keys (e.g. "head") are ignored; a parameter name outside
+    :data:`PARAM_UNITS` raises a ValueError. A unit without parameters has
+    norm 0."""
+    out = []
+    for key in _blocks(grads):
+        sq = {kind: jnp.float32(0) for kind in UNIT_KINDS}
+        for name, sub in grads[key].items():
+            if name not in PARAM_UNITS:
+                raise ValueError(f"unknown parameter {name!r} in {key}; valid: {', '.join(PARAM_UNITS)}")
+            kind = PARAM_UNITS[name]
+            for leaf in jax.tree.leaves(sub):
+                sq[kind] = sq[kind] + jnp.sum(jnp.square(jnp.asarray(leaf, jnp.float32)))
+        out.extend(jnp.sqrt(sq[kind]) for kind in UNIT_KINDS)
+    return jnp.stack(out)
+
+
+# -- host side -----------------------------------------------------------------
+def events(steps, promoted, gnmr, delta_gnmr, names):
+    """Promote/release rows from a recorded run (numpy inputs).
+
+    ``steps`` (T,); ``promoted`` (T, U) bool, the mask in force at each step;
+    ``gnmr``/``delta_gnmr`` (T, U), row r from the update after step r. One
+    row per transition of a unit: ``step`` is the first step it ran promoted
+    ("promote") or back in low precision ("release"); ``gnmr``/``delta_gnmr``
+    are the ratios of the update that decided it (the row before; for a
+    promotion, the values that triggered it). The trace is taken to start in
+    low precision (a unit promoted at row 0 gives a "promote" with NaN ratios).
+    Rows sorted by step, then unit order. Columns :data:`EVENT_COLUMNS`.
+    """
+    import pandas as pd
+
+    steps = np.asarray(steps)
+    mask = np.asarray(promoted, bool)
+    gnmr, delta_gnmr = np.asarray(gnmr, np.float64), np.asarray(delta_gnmr, np.float64)
+    names = tuple(names)
+    T = steps.shape[0]
+    if mask.ndim != 2 or mask.shape[0] != T or mask.shape[1] != len(names) \
+            or gnmr.shape != mask.shape or delta_gnmr.shape != mask.shape:
+        raise ValueError(f"events needs steps (T,) and promoted/gnmr/delta_gnmr (T, U={len(names)}); got "
+                         f"{steps.shape}, {mask.shape}, {gnmr.shape}, {delta_gnmr.shape}")
+    prev = np.concatenate([np.zeros((1, mask.shape[1]), bool), mask[:-1]])
+    nan = np.full((1, mask.shape[1]), np.nan)
+    g_prev = np.concatenate([nan, gnmr[:-1]])
+    d_prev = np.concatenate([nan, delta_gnmr[:-1]])
+    rows, cols = np.nonzero(mask != prev)                      # row-major: by step, then unit
+    frame = pd.DataFrame({
+        "step": steps[rows].astype(np.int64),
+        "unit": pd.Series([names[c] for c in cols], dtype=object),
+        "event": pd.Series(np.where(mask[rows, cols], "promote", "release"), dtype=object),
+        "gnmr": g_prev[rows, cols],
+        "delta_gnmr": d_prev[rows, cols],
+    }, columns=list(EVENT_COLUMNS))
+    return frame.reset_index(drop=True)
