@@ -13,18 +13,26 @@ The public API a notebook sees::
     spec = proxy.MXSpec("fp8_e4m3")           # block 32, OCP floor scale, ties to even
     q = proxy.quantize(x, spec, axis=-1)       # float32 values on the MX grid
     s = proxy.quantize_stats(x, spec)          # clamped / last-bin / flushed fractions
+
+    # beyond the paper: 2-D tiles, NVFP4, nGPT, the GNMR controller
+    proxy.train(cfg.replace(recipe="mxfp4_2d"))                     # or "mxfp8_2d", "nvfp4", "nvfp4_2d"
+    proxy.train(cfg.replace(arch="ngpt", recipe="nvfp4"))
+    run = proxy.train(cfg.replace(controller=proxy.GNMR(threshold=3.0, lock_steps=50, action="bf16")))
+    run.events                                 # promotions and releases; metrics["low_precision_frac"]
 """
 
 from proxy import formats
 from proxy import recipe as recipes
 from proxy.config import Config
+from proxy.controllers import GNMR
 from proxy.formats import ElementFormat
-from proxy.quantize import MXSpec, QuantStats, quantize, quantize_stats
+from proxy.quantize import NVFP4, MXSpec, QuantStats, quantize, quantize_stats
 from proxy.recipe import Recipe
 from proxy import experiments
 from proxy.experiments import Sweep, intervene, sweep, train
 from proxy.run import Run
 
-__all__ = ["formats", "recipes", "experiments", "Config", "ElementFormat", "MXSpec", "QuantStats", "Recipe", "Run",
+__all__ = ["formats", "recipes", "experiments", "Config", "ElementFormat", "GNMR", "MXSpec", "NVFP4", "QuantStats",
+           "Recipe", "Run",
            "Sweep", "intervene", "quantize", "quantize_stats", "sweep", "train"]
 __version__ = "0.1.0"

@@ -4,7 +4,8 @@ For each case, prints median(time of jitted ``proxy.quantize`` on a size x size
 float32 array) / median(time of a jitted float32 -> bf16 -> float32 round trip
 of the same array), both measured in this run, alternately, after a warm-up
 (compile) call. The target for E4M3 (floor scale, ties to even, axis -1) is a
-ratio of at most 2.0; every element format and axis 0 are reported too.
+ratio of at most 2.0; every element format and axis 0 are reported too, and
+(no target) 2-D tiles and NVFP4.
 """
 
 from __future__ import annotations
@@ -16,17 +17,20 @@ import time
 import jax
 import jax.numpy as jnp
 
-from proxy.quantize import MXSpec, quantize
+from proxy.quantize import NVFP4, MXSpec, quantize
 
 TARGET = 2.0
-CASES = (  # (element format, block axis); the first one is the target case
-    ("fp8_e4m3", -1),
-    ("fp8_e4m3", 0),
-    ("fp8_e5m2", -1),
-    ("fp6_e3m2", -1),
-    ("fp6_e2m3", -1),
-    ("fp4_e2m1", -1),
-    ("int8", -1),
+CASES = (  # (spec, block axis); the first one is the target case
+    (MXSpec("fp8_e4m3"), -1),
+    (MXSpec("fp8_e4m3"), 0),
+    (MXSpec("fp8_e5m2"), -1),
+    (MXSpec("fp6_e3m2"), -1),
+    (MXSpec("fp6_e2m3"), -1),
+    (MXSpec("fp4_e2m1"), -1),
+    (MXSpec("int8"), -1),
+    (MXSpec("fp4_e2m1", scale_rule="rceil", block_dims=2), -1),  # 32x32 tiles
+    (NVFP4, -1),
+    (NVFP4.replace(block_dims=2), -1),  # 16x16 tiles
 )
 
 
@@ -68,10 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"proxy bench quantize: {args.size}x{args.size} float32 on {jax.devices()[0].platform}, "
           f"median of {args.repeats} interleaved calls; ratio = quantize / (f32->bf16->f32)")
     print(f"{'spec':<28} {'axis':>4} {'quantize ms':>12} {'bf16 ms':>9} {'ratio':>7}  target")
-    for i, (fmt, axis) in enumerate(CASES):
-        spec = MXSpec(fmt)  # floor scale, ties to even
+    for i, (spec, axis) in enumerate(CASES):
         t, t_base = interleaved_medians(lambda a: quantize(a, spec, axis=axis), bf16_round_trip, x, args.repeats)
         ratio = t / t_base
-        target = f"<= {TARGET} ({'met' if ratio <= TARGET else 'missed'})" if i == 0 else f"(<= {TARGET} for E4M3)"
+        target = f"<= {TARGET} ({'met' if ratio <= TARGET else 'missed'})" if i == 0 else f"(<= {TARGET} for E4M3)" if spec.block_dims == 1 and spec.scale_format == "e8m0" else "(none)"
         print(f"{spec.name:<28} {axis:>4} {t * 1e3:>12.1f} {t_base * 1e3:>9.1f} {ratio:>7.2f}  {target}", flush=True)
     return 0
