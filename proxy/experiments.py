@@ -73,7 +73,8 @@ INTERVENABLE_FIELDS = ("recipe", "lr", "lr_min", "schedule", "warmup_steps", "op
 
 
 def _rceil(r: Recipe) -> Recipe:
-    return r.map_specs(lambda s: dataclasses.replace(s, scale_rule="rceil"))
+    # NVFP4 (E4M3) block scales have their own rule and no exponent to bump
+    return r.map_specs(lambda s: s if s.scale_format != "e8m0" else dataclasses.replace(s, scale_rule="rceil"))
 
 
 # The paper's in-situ interventions, as recipe transformations of the running recipe.

@@ -145,8 +145,10 @@ class Recipe:
         return self.fwd_w
 
     def map_specs(self, fn) -> "Recipe":
-        """Apply ``fn(spec) -> spec`` to every non-None MX spec."""
+        """Apply ``fn(spec) -> spec`` to every non-None MX spec (overrides' included)."""
         changes = {f: fn(getattr(self, f)) for f in _OPERANDS + ("ln_affine",) if getattr(self, f) is not None}
+        if self.overrides:
+            changes["overrides"] = tuple((p, r.map_specs(fn)) for p, r in self.overrides)
         return dataclasses.replace(self, **changes)
 
 

@@ -51,6 +51,17 @@ def test_overrides_and_pallas_validation():
         recipes.get("nvfp4_2d").replace(backend="pallas")
 
 
+def test_interventions_apply_to_new_presets():
+    from proxy.experiments import apply_interventions
+
+    r = apply_interventions("nvfp4_2d", "rceil")
+    assert r.fwd_w == recipes.get("nvfp4_2d").fwd_w  # E4M3 scales have no exponent to bump
+    m = apply_interventions("mxfp4_2d", ["ln_exempt", "rceil"])
+    assert m.ln_precision == "fp32" and m.overrides[0][1].fwd_x.scale_rule == "rceil"
+    sr = recipes.get("mxfp4_2d").map_specs(lambda s: s.replace(rounding="even"))
+    assert not sr.stochastic and all(not o.stochastic for _, o in sr.overrides)
+
+
 def test_override_changes_only_the_named_layer():
     """The Student routes each dense layer through for_layer: overriding the
     last fc2 with fp32 equals running that one GEMM unquantized."""
