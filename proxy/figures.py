@@ -4,7 +4,8 @@ Each entry of :data:`FIGURES` is a function ``(scale) -> Figure``. The
 training figures run their experiment through :mod:`proxy.paper` (the one
 place the experiments are defined, shared with the notebooks), which trains
 into the run store or loads what is already there, so a second call is fast
-and figures that share runs train them once.
+and figures that share runs train them once. ``beyond`` (notebook 09) runs
+seed 003's systems through :mod:`proxy.beyond` the same way.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 import time
 from typing import Callable
 
-from proxy import paper, plots
+from proxy import beyond, paper, plots
 
 __all__ = ["FIGURES", "SCALES", "generate"]
 
@@ -23,6 +24,15 @@ SCALES = ("smoke", "quick", "paper")
 def _interventions(scale):
     parent, children = paper.intervention_runs(scale)
     return plots.interventions(parent, children)
+
+
+def _beyond(scale):
+    s = paper.scale(scale)
+    stress = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in s.stress.items()
+                       if k not in ("diagnostics_every", "val_every"))  # recording only: not part of the stress
+    return plots.beyond(beyond.table(beyond.runs(s)), stress_label=stress or None,
+                        title=f"Beyond the paper ({s.name} scale): 2-D blocks + SR, NVFP4, nGPT and GNMR against "
+                              f"plain MX and the paper's mitigations")
 
 
 FIGURES: dict[str, Callable] = {
@@ -38,6 +48,7 @@ FIGURES: dict[str, Callable] = {
     "spikes_vs_shape": lambda scale: plots.spikes_vs_shape(paper.shape_runs(scale)),  # Fig. 9
     "sgd_momentum": lambda scale: plots.sgd_momentum(paper.sgd_runs(scale)),    # Fig. 10
     "init_ablation": lambda scale: plots.init_ablation(paper.init_runs(scale)),  # Fig. 11
+    "beyond": _beyond,                                                          # notebook 09: seed 003's systems
 }
 
 

@@ -4,7 +4,9 @@
 Each :class:`Scale` carries the base :class:`~proxy.config.Config` of that
 scale plus the per-scale knobs the figures need: the learning-rate grid of the
 Fig. 2 sweep, the early/late intervention steps of Fig. 7, the depth and width
-grids of Fig. 9 and the LR used for the SGD ablation of Fig. 10. The numbers
+grids of Fig. 9, the LR used for the SGD ablation of Fig. 10, and the
+*stress* setting of notebook 09 (:mod:`proxy.beyond`): Config changes under
+which plain MX runs diverge, trained over ``stress_seeds``. The numbers
 of ``quick`` come from the recorded search in ``notebooks/scale_search.py``
 (every run it made is a row of ``notebooks/scale_search_results.csv``);
 ``seconds_per_run`` is what one run of the base config measured there.
@@ -21,11 +23,15 @@ from __future__ import annotations
 
 import dataclasses
 from types import MappingProxyType
-from typing import Mapping
+from typing import Any, Mapping
 
 from proxy.config import Config
 
-__all__ = ["Scale", "SCALES", "get", "names"]
+__all__ = ["Scale", "SCALES", "STRESS_RESERVED", "get", "names"]
+
+# Config fields a scale's stress setting may not change: each system of
+# notebook 09 sets the first three, stress_seeds the last.
+STRESS_RESERVED = ("recipe", "arch", "controller", "seed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +50,14 @@ class Scale:
       seconds_per_run: measured wall time of one run of ``config`` on the
         2-core CPU (compilation included), or ``None`` where not measured.
       note: what this scale does and does not show.
+      stress: Config changes (field → value, read-only) applied to ``config``
+        to make plain MX runs diverge: the second setting of notebook 09
+        (:func:`proxy.beyond.runs`). May not change what a system sets
+        (``recipe``, ``arch``, ``controller``) or the seed (``stress_seeds``).
+        Empty (the default): the stress setting is the base config.
+      stress_seeds: student-init seeds of the stress setting (distinct,
+        non-negative; one vmapped sweep per system).
+      stress_note: what is known about the stress setting at this scale.
     """
 
     name: str
@@ -55,6 +69,9 @@ class Scale:
     sgd_lr: float
     seconds_per_run: float | None = None
     note: str = ""
+    stress: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
+    stress_seeds: tuple[int, ...] = (0,)
+    stress_note: str = ""
 
     def __post_init__(self):
         early, late = self.intervention_steps
@@ -63,6 +80,40 @@ class Scale:
                              f"0 < early < late < steps ({self.config.steps})")
         if not self.lr_grid or any(lr <= 0 for lr in self.lr_grid):
             raise ValueError(f"scale {self.name!r}: lr_grid must be non-empty and positive")
+        self._check_stress()
+
+    def _check_stress(self):
+        stress = self.stress
+        if not isinstance(stress, Mapping):
+            raise ValueError(f"scale {self.name!r}: stress must be a mapping of Config fields to values, "
+                             f"got {stress!r}")
+        unknown = sorted(k for k in stress if k not in Config.field_names())
+        if unknown:
+            raise ValueError(f"scale {self.name!r}: unknown stress field(s) {unknown}; valid: "
+                             f"{', '.join(Config.field_names())}")
+        reserved = sorted(k for k in stress if k in STRESS_RESERVED)
+        if reserved:
+            raise ValueError(f"scale {self.name!r}: stress may not set {reserved} (set by each system or by "
+                             f"stress_seeds); reserved: {', '.join(STRESS_RESERVED)}")
+        try:
+            self.config.replace(**stress)
+        except ValueError as e:
+            raise ValueError(f"scale {self.name!r}: stress {dict(stress)} gives an invalid config: {e}") from None
+        object.__setattr__(self, "stress", MappingProxyType(dict(stress)))
+        seeds = self.stress_seeds
+        if isinstance(seeds, (str, bytes)) or not hasattr(seeds, "__iter__"):
+            raise ValueError(f"scale {self.name!r}: stress_seeds must be a tuple of seeds, got {seeds!r}")
+        seeds = tuple(seeds)
+        if not seeds or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in seeds) \
+                or len(set(seeds)) != len(seeds):
+            raise ValueError(f"scale {self.name!r}: stress_seeds must be distinct non-negative integers "
+                             f"(at least one), got {self.stress_seeds!r}")
+        object.__setattr__(self, "stress_seeds", seeds)
+
+    @property
+    def stress_config(self) -> Config:
+        """``config`` with the ``stress`` changes applied."""
+        return self.config.replace(**self.stress)
 
 
 _SMOKE = Scale(
@@ -75,6 +126,10 @@ _SMOKE = Scale(
     widths=(32, 64),
     sgd_lr=0.1,
     note="CI only: every code path and metric, no phenomenon.",
+    stress={"lr": 0.1},
+    stress_seeds=(0,),
+    stress_note="CI only: a 33x higher LR (the resmlp runs end 3-11x above their base loss, no 100x spike); "
+                "only a dynamic field changes, so the stress runs reuse the base runs' compiled programs.",
 )
 
 # From the recorded search (notebooks/scale_search.py, experiments e01-e10). No
@@ -99,6 +154,13 @@ _QUICK = Scale(
          "shared by FP32 and MX; it does NOT reproduce a precision-induced divergence (MX diverging while FP32 "
          "is stable). Interventions at 400 (before the clamp window) and 800 (inside it). SGD LR 2.0: stable in "
          "both, ~10% below the first-20-steps edge (2.75-3).",
+    stress={"lr": 2e-2, "beta2": 0.9, "diagnostics_every": 0},
+    stress_seeds=(0, 1, 2),
+    stress_note="LR 2e-2 with Adam beta2 0.9 (no diagnostics: faster, and the divergence step does not depend "
+                "on them). From a config search: plain mxfp8_e4m3 diverged at steps 492 / 2589 / stable "
+                "(seeds 0 / 1 / 2) and mxfp4 at 1073 / 439 / stable -- but FP32 diverges too (1428 / 701 / "
+                "stable): an LR/beta2 instability shared by every precision, which MX makes earlier or later. "
+                "Read every system against FP32 on the same seed.",
 )
 
 _PAPER = Scale(
@@ -112,6 +174,10 @@ _PAPER = Scale(
     seconds_per_run=None,
     note="The paper's proxy (width 512, depth 4, batch 2048, LR 6e-4, ~9000 steps; one MXFP8 E4M3 run "
          "diverged near step 5100, interventions at 4500 and 5080). A GPU job; not run here.",
+    stress={"lr": 1e-3, "diagnostics_every": 0},
+    stress_seeds=(0, 1, 2),
+    stress_note="NOT RUN (a GPU job); a guess, not verified: the top of the paper's LR sweep (1e-3). The base "
+                "config itself diverged once in MXFP8 E4M3 near step 5100 in the paper.",
 )
 
 SCALES: Mapping[str, Scale] = MappingProxyType({s.name: s for s in (_SMOKE, _QUICK, _PAPER)})

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from proxy import Config, paper
+from proxy import Config, beyond, paper, plots
 from proxy.figures import FIGURES
 from proxy.run import Run
 
@@ -27,6 +27,27 @@ def _figures(out, env, *extra):
 def test_every_paper_proxy_figure_has_an_entry():
     assert set(PAPER_FIGURES) <= set(FIGURES)
     assert next(iter(FIGURES)) == "sawtooth"  # the CLI's error message lists it first
+
+
+def test_beyond_figure_has_an_entry_and_draws_a_table():
+    assert "beyond" in FIGURES  # notebook 09 (seed 003's systems)
+    rows = [dict(system=s, family=beyond.FAMILIES[s], setting=st, seed=seed, final_loss=0.1, vs_fp32=v,
+                 vs_own_fp32=v, diverged_at=d, fp32_diverged_at=None, blowup_at=None, steps=100, steps_run=d or 100,
+                 low_precision_frac=lp, fp4_frac=0.0, promotions=p)
+            for s, st, seed, v, d, lp, p in [("fp32", "base", 0, 1.0, None, 0.0, 0),
+                                             ("mxfp8_e4m3", "base", 0, 1.2, None, 1.0, 0),
+                                             ("gnmr + mxfp8_e4m3", "base", 0, 1.1, None, 0.9, 3),
+                                             ("fp32", "stress", 0, 1.0, 60, 0.0, 0),
+                                             ("mxfp8_e4m3", "stress", 0, float("nan"), 40, 1.0, 0),
+                                             ("mxfp8_e4m3", "stress", 1, 1.3, None, 1.0, 0)]]
+    df = pd.DataFrame(rows)
+    for c in ("diverged_at", "fp32_diverged_at", "blowup_at"):
+        df[c] = df[c].astype("Int64")
+    fig = plots.beyond(df, stress_label="lr 2e-2")
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert any("LP GEMMs 90%, 3 promotions" in t for t in texts)  # GNMR's cost is annotated
+    assert any("FP32 seed 0" in t for t in texts)                 # FP32's divergence is the reference line
+    plots.plt.close(fig)
 
 
 @pytest.mark.slow
@@ -49,6 +70,17 @@ def test_figures_command_writes_every_png_at_smoke_and_reuses_runs(tmp_path, tmp
     assert sorted(p.name for p in store.iterdir()) == keys
     assert {p.name for p in (tmp_path / "again").iterdir()} == {"lr_sweep.png", "lr_sweep.pdf", "interventions.png",
                                                                 "interventions.pdf"}
+
+    # notebook 09's figure: every (system, setting, seed) of the smoke scale was stored, and is loaded again
+    smoke = paper.scale("smoke")
+    for system in beyond.systems_for(smoke):
+        assert beyond.config(system, smoke).hash() in keys, system
+        for seed in smoke.stress_seeds:
+            assert beyond.config(system, smoke, "stress").replace(seed=seed).hash() in keys, system
+    third = _figures(tmp_path / "beyond", env, "--only", "beyond")
+    assert third.returncode == 0, third.stderr[-4000:]
+    assert "to train)" not in third.stderr
+    assert (tmp_path / "beyond" / "beyond.png").stat().st_size > 10_000
 
 
 def _run(losses, diverged_at=None, steps=None):

@@ -33,3 +33,16 @@ def test_every_notebook_has_one_parameters_cell_and_a_conclusion():
         assert len(tagged) == 1, path.name
         assert "PROXY_SCALE" in tagged[0].source
         assert any(c.cell_type == "markdown" and "What this shows" in c.source for c in nb.cells), path.name
+
+
+def test_notebook_09_compares_seed_003s_systems_and_is_committed_without_outputs():
+    path = NOTEBOOKS[0].parent / "09_beyond_the_paper.ipynb"
+    assert path in NOTEBOOKS  # so the smoke-scale test above executes it
+    nb = nbformat.read(path, as_version=4)
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert not any(c.get("outputs") or c.get("execution_count") for c in nb.cells if c.cell_type == "code")
+    for call in ("beyond.runs(SCALE)", "beyond.table(", "plots.beyond(", "proxy.recipes.table()", ".events",
+                 "beyond.weight_disagreement("):
+        assert call in code, call
+    assert "**Runtime**" in text and "quick ≈" in text and "GNMR" in text and "nGPT" in text
