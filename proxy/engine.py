@@ -304,6 +304,7 @@ class Program:
                 "gnmr/unit": info["gnmr"],
                 "delta_gnmr/unit": info["delta_gnmr"],
                 "promoted/unit": promote.reshape(-1),
+                # the blocks' GEMM units running the run's own recipe (not promoted)
                 "low_precision_frac": 1.0 - jnp.mean(promote[:, 1].astype(jnp.float32)),
             })
         if ref is not None:

@@ -48,8 +48,8 @@ DEFAULT_ROOT = "runs"
 _OFF = ("", "0", "off", "false", "no", "none")
 # The modules whose code decides a run's numbers: a stored run made by other
 # code is stale and is trained again rather than loaded.
-_NUMERIC_MODULES = ("formats", "quantize", "scales", "recipe", "layers", "model", "data", "engine", "diagnostics",
-                    "config", "run")
+_NUMERIC_MODULES = ("formats", "quantize", "recipe", "layers", "model", "ngpt", "data", "engine", "diagnostics",
+                    "controllers", "config", "run")
 _CODE = None
 
 

@@ -45,7 +45,7 @@ def test_beyond_figure_has_an_entry_and_draws_a_table():
         df[c] = df[c].astype("Int64")
     fig = plots.beyond(df, stress_label="lr 2e-2")
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
-    assert any("LP GEMMs 90%, 3 promotions" in t for t in texts)  # GNMR's cost is annotated
+    assert any("LP GEMMs 90.0%, 3 promotions" in t for t in texts)  # GNMR's cost is annotated
     assert any("FP32 seed 0" in t for t in texts)                 # FP32's divergence is the reference line
     plots.plt.close(fig)
 
