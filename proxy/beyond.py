@@ -47,7 +47,7 @@ from proxy import experiments as ex
 from proxy import recipe as _recipes
 from proxy.config import Config
 from proxy.controllers import GNMR
-from proxy.model import hidden_width, layer_names
+from proxy.model import fc1_width, hidden_width, layer_names
 from proxy.paper import _scale, instability, store
 from proxy.run import Run
 
@@ -191,7 +191,7 @@ def gemm_precision(config: Config) -> pd.DataFrame:
     (``fp4``; MXFP4 or NVFP4), when no controller promotes it."""
     d, depth = config.width, config.depth
     h = hidden_width(d, config.act)
-    f = 2 * h if config.act == "swiglu" else h
+    f = fc1_width(h, config.act)
     shapes = {"fc1": (d, f), "fc2": (h, d)}
     rows = []
     for i in range(depth):

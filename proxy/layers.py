@@ -132,12 +132,11 @@ def mx_dense(x, w, b, recipe: Recipe, key=None):
     Returns:
       (..., out_features) float32.
     """
-    if key is None and any(getattr(recipe, r) is not None and getattr(recipe, r).rounding == "stochastic"
-                           for r in ROLES):
+    stochastic = any(getattr(recipe, r) is not None and getattr(recipe, r).rounding == "stochastic" for r in ROLES)
+    if key is None and stochastic:
         raise ValueError(f"recipe {recipe.name!r} rounds stochastically; mx_dense needs a PRNG key "
                          "(mx_dense(x, w, b, recipe, key=jax.random.key(0)))")
-    if key is not None and not any(getattr(recipe, r) is not None and getattr(recipe, r).rounding == "stochastic"
-                                   for r in ROLES):
+    if not stochastic:
         key = None  # deterministic recipe: the key plays no part (and the program stays the same)
     lead = x.shape[:-1]
     y = _dense2d(x.reshape(-1, x.shape[-1]), w, b, key, recipe)

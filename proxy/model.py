@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from proxy import layers
 from proxy.recipe import PRESETS, Recipe
 
-__all__ = ["Student", "Teacher", "hidden_width", "student", "INITS", "NORMS", "ARCHS"]
+__all__ = ["Student", "Teacher", "hidden_width", "fc1_width", "student", "INITS", "NORMS", "ARCHS"]
 
 INITS = ("pytorch", "xavier_normal")
 NORMS = ("layernorm", "none")
@@ -56,6 +56,11 @@ def _flag(promote, j):
 def hidden_width(width: int, act: str, expansion: int = 4) -> int:
     """Width of the hidden layer: 4d, or round(8d/3) for SwiGLU."""
     return int(round(expansion * 2 * width / 3)) if act == "swiglu" else expansion * width
+
+
+def fc1_width(hidden: int, act: str) -> int:
+    """Outputs of fc1 for a hidden layer of ``hidden`` units: SwiGLU's gate and value halves, 2·hidden."""
+    return 2 * hidden if act == "swiglu" else hidden
 
 
 def _kernel_init(init: str, gain: float):
@@ -102,7 +107,7 @@ class Block(nn.Module):
     @nn.compact
     def __call__(self, x, key=None, promote=None):
         d, h = self.width, hidden_width(self.width, self.act)
-        fc1_out = 2 * h if self.act == "swiglu" else h
+        fc1_out = fc1_width(h, self.act)
         r, hi = self.recipe, self.high_recipe
         z = x
         if self.norm == "layernorm":
@@ -171,7 +176,7 @@ class Teacher(nn.Module):
     @nn.compact
     def __call__(self, x):
         fp32 = PRESETS["fp32"]
-        fc1_out = 2 * self.hidden if self.act == "swiglu" else self.hidden
+        fc1_out = fc1_width(self.hidden, self.act)
         for i in range(self.depth):
             w1 = self.param(f"fc1_{i}", _kernel_init("pytorch", 1.0), (self.width, fc1_out))
             w2 = self.param(f"fc2_{i}", _kernel_init("pytorch", 1.0), (self.hidden, self.width))

@@ -94,7 +94,7 @@ import jax
 import jax.numpy as jnp
 
 from proxy import layers
-from proxy.model import _flag, _fold, _kernel_init, hidden_width, layer_names
+from proxy.model import _flag, _fold, _kernel_init, fc1_width, hidden_width, layer_names
 from proxy.recipe import PRESETS, Recipe
 
 __all__ = ["NGPTStudent", "NGPTBlock", "normalize_weights", "sphere_norm", "WEIGHT_NORM_AXES",
@@ -174,7 +174,7 @@ class NGPTBlock(nn.Module):
     @nn.compact
     def __call__(self, h, key=None, promote=None):
         d, hid = self.width, hidden_width(self.width, self.act)
-        f = 2 * hid if self.act == "swiglu" else hid
+        f = fc1_width(hid, self.act)
         r, hi = self.recipe, self.high_recipe
         w1 = self.param("fc1", _unit_init(self.init_scheme, self.init_gain, WEIGHT_NORM_AXES["fc1"]), (d, f))
         w2 = self.param("fc2", _unit_init(self.init_scheme, self.init_gain, WEIGHT_NORM_AXES["fc2"]), (hid, d))
