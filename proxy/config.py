@@ -51,10 +51,21 @@ class Config:
     Recording: loss, gradient and update norms every step; every
     ``diagnostics_every`` steps (0 = never) the reference gradient, ‖ζ‖ bound,
     cosine and clamp statistics, where ``gradient_reference`` is
-    ``same_point`` (full-precision gradient at the same weights and batch) or
-    ``paired_run`` (gradient of the FP32 run trained alongside, the paper's
-    definition); clamp fractions of LN gains use the recipe's weight spec, or
-    ``diagnostic_format`` (MX E4M3 by default) for unquantized recipes.
+    ``same_point`` (the ``reference_recipe``'s gradient at the same weights and
+    batch) or ``paired_run`` (gradient of the reference run trained alongside,
+    the paper's definition); clamp fractions of LN gains use the recipe's
+    weight spec, or ``diagnostic_format`` (MX E4M3 by default) for unquantized
+    recipes.
+
+    The paired reference run (``paired_run=True``, implied by
+    ``gradient_reference="paired_run"``) trains ``reference_recipe`` (default
+    fp32) alongside from the same init, batches and LR, or from
+    ``reference_seed`` / on ``reference_data_seed``'s batches when set (the
+    controls of the paper's metric: FP32 against FP32 with another seed). With
+    it, every step records ``ref_loss`` and ``ref_grad_norm``, and every
+    diagnostic step ``zeta_paper`` = ‖g̃ − g_ref‖² / ‖g_ref‖² (squared, the
+    quantity the paper plots; two uncorrelated gradients of equal norm give
+    exactly 2) and ``cosine_paper`` against the paired run's gradient.
     ``val_every`` steps (a multiple of ``diagnostics_every``) the loss on
     ``val_batches`` held-out batches. A run stops at the first non-finite loss
     or a loss above ``spike_factor`` × the previous step's.
@@ -95,6 +106,10 @@ class Config:
     controller: GNMR | str | None = None
     diagnostics_every: int = 10
     gradient_reference: str = "same_point"
+    paired_run: bool = False
+    reference_recipe: str | Recipe = "fp32"
+    reference_seed: int | None = None
+    reference_data_seed: int | None = None
     diagnostic_format: str = "fp8_e4m3"
     val_every: int = 100
     val_batches: int = 4
@@ -131,6 +146,9 @@ class Config:
         for name in ("teacher_width", "teacher_depth"):
             if getattr(self, name) is not None:
                 positive_int(name)
+        for name in ("reference_seed", "reference_data_seed"):
+            if getattr(self, name) is not None:
+                positive_int(name, allow_zero=True)
         choice("act", ACTIVATIONS)
         choice("teacher_act", ACTIVATIONS, optional=True)
         choice("norm", NORMS)
@@ -157,6 +175,16 @@ class Config:
                 raise ValueError(f"{name} must lie in [0, 1), got {getattr(self, name)!r}")
         MXSpec(self.diagnostic_format)  # validates the name
         object.__setattr__(self, "recipe", _recipes.get(self.recipe))
+        object.__setattr__(self, "reference_recipe", _recipes.get(self.reference_recipe))
+        if self.reference_recipe.stochastic:
+            raise ValueError(f"reference_recipe {self.reference_recipe.name!r} rounds stochastically; the reference "
+                             f"must be deterministic (e.g. fp32 or bf16)")
+        if not isinstance(self.paired_run, bool):
+            raise ValueError(f"paired_run must be True or False, got {self.paired_run!r}")
+        unpaired = [n for n in ("reference_seed", "reference_data_seed") if getattr(self, n) is not None]
+        if unpaired and not self.has_paired_run:
+            raise ValueError(f"{', '.join(unpaired)} only change the paired reference run; set paired_run=True "
+                             f"(or gradient_reference='paired_run')")
         if self.diagnostics_every and self.val_every and self.val_every % self.diagnostics_every:
             raise ValueError(
                 f"val_every ({self.val_every}) must be a multiple of diagnostics_every ({self.diagnostics_every})")
@@ -171,10 +199,17 @@ class Config:
         for t in self.checkpoint_at + ((self.checkpoint_every,) if self.checkpoint_every else ()):
             if P and t % P:
                 raise ValueError(f"checkpoint step {t} must be a multiple of diagnostics_every ({P})")
-        if self.gradient_reference == "paired_run" and not self.diagnostics_every:
-            raise ValueError("gradient_reference='paired_run' needs diagnostics_every > 0")
+        if self.has_paired_run and not self.diagnostics_every:
+            raise ValueError("a paired reference run (paired_run=True or gradient_reference='paired_run') needs "
+                             "diagnostics_every > 0")
 
     # -- derived -------------------------------------------------------------
+    @property
+    def has_paired_run(self) -> bool:
+        """True when a reference run trains alongside (``paired_run`` or
+        ``gradient_reference == "paired_run"``)."""
+        return self.paired_run or self.gradient_reference == "paired_run"
+
     @property
     def teacher(self) -> tuple[int, int, str]:
         """(width, depth, activation) of the teacher, defaults resolved."""
@@ -215,6 +250,11 @@ class Config:
             del d["controller"]
         else:
             d["controller"] = self.controller.to_dict()
+        d["reference_recipe"] = _recipes.to_json(self.reference_recipe)
+        for name, default in (("paired_run", False), ("reference_recipe", "fp32"), ("reference_seed", None),
+                              ("reference_data_seed", None)):
+            if d[name] == default:
+                del d[name]
         return d
 
     @classmethod
@@ -222,8 +262,9 @@ class Config:
         d = dict(d)
         if "checkpoint_at" in d:
             d["checkpoint_at"] = tuple(d["checkpoint_at"])
-        if "recipe" in d:
-            d["recipe"] = _recipes.from_json(d["recipe"])
+        for name in ("recipe", "reference_recipe"):
+            if name in d:
+                d[name] = _recipes.from_json(d[name])
         return cls(**d)
 
     def to_json(self) -> str:

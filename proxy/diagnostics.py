@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from proxy.quantize import MXSpec, quantize, quantize_stats
 
-__all__ = ["sq_norm", "global_norm", "gradient_error", "per_block", "ln_statistics",
+__all__ = ["sq_norm", "global_norm", "gradient_error", "paper_zeta", "per_block", "ln_statistics",
            "weight_clamp", "activation_clamp", "weight_transpose_mismatch", "is_spike"]
 
 
@@ -44,6 +44,21 @@ def gradient_error(g_low, g_ref) -> tuple[jax.Array, jax.Array]:
     unit_diff = jax.tree.map(lambda a, b: a / n_low - b / n_ref, g_low, g_ref)
     cosine = 1.0 - sq_norm(unit_diff) / 2.0
     return zeta, cosine
+
+
+def paper_zeta(g_low, g_ref) -> tuple[jax.Array, jax.Array]:
+    """(‖g̃ − g_ref‖² / ‖g_ref‖², cos(g̃, g_ref)): the quantity the paper plots as
+    its ζ (``stab/zeta_norm`` in the authors' code, squared), against the
+    gradient of the separately trained reference run at the same step.
+
+    Note what it measures: for two gradients of equal norm it is
+    2·(1 − cos), so two *uncorrelated* gradients give exactly 2 whether or
+    not anything was quantized; the paper's "divergence near 2" is also the
+    value of two decorrelated runs (see the controls in notebook 04).
+    """
+    diff = jax.tree.map(jnp.subtract, g_low, g_ref)
+    _, cosine = gradient_error(g_low, g_ref)
+    return sq_norm(diff) / sq_norm(g_ref), cosine
 
 
 def per_block(fn, *trees) -> jax.Array:

@@ -45,7 +45,8 @@ __all__ = ["Dynamic", "TrainState", "Program", "program_for", "dynamic_for", "st
            "scale_by_adam"]
 
 # Config fields a sweep can vary inside one compiled program.
-DYNAMIC_FIELDS = ("lr", "lr_min", "noise", "spike_factor", "seed", "data_seed", "teacher_seed", "steps")
+DYNAMIC_FIELDS = ("lr", "lr_min", "noise", "spike_factor", "seed", "data_seed", "teacher_seed", "steps",
+                  "reference_seed", "reference_data_seed")
 # Config fields only the host loop reads (checkpointing): they never change the compiled program.
 HOST_FIELDS = ("checkpoint_every", "checkpoint_at")
 # Folded into the seed's key to make the stochastic-rounding stream (apart from init).
@@ -100,11 +101,13 @@ class Dynamic(NamedTuple):
     init_key: jax.Array
     data_key: jax.Array
     teacher_key: jax.Array
+    ref_init_key: jax.Array
+    ref_data_key: jax.Array
 
 
 class TrainState(NamedTuple):
     """Everything that evolves. ``ref_params``/``ref_opt`` hold the paired
-    full-precision run when ``gradient_reference == "paired_run"``."""
+    reference run when the config has one (``Config.has_paired_run``)."""
 
     params: Any
     opt_state: Any
@@ -124,6 +127,10 @@ def dynamic_for(config: Config) -> Dynamic:
         init_key=jax.random.key_data(jax.random.key(config.seed)),
         data_key=jax.random.key_data(jax.random.key(config.data_seed)),
         teacher_key=jax.random.key_data(jax.random.key(config.teacher_seed)),
+        ref_init_key=jax.random.key_data(jax.random.key(
+            config.seed if config.reference_seed is None else config.reference_seed)),
+        ref_data_key=jax.random.key_data(jax.random.key(
+            config.data_seed if config.reference_data_seed is None else config.reference_data_seed)),
     )
 
 
@@ -131,7 +138,10 @@ def static_key(config: Config) -> Config:
     """The config with every dynamic field at its default: equal keys share a Program."""
     defaults = Config()
     fields = DYNAMIC_FIELDS + tuple(f for f in HOST_FIELDS if hasattr(defaults, f))
-    return config.replace(**{f: getattr(defaults, f) for f in fields})
+    key = config.replace(**{f: getattr(defaults, f) for f in fields})
+    if config.reference_data_seed is not None:  # the paired run draws its own batches: a different program
+        key = key.replace(reference_data_seed=0)
+    return key
 
 
 def _per_member(x, dyn: Dynamic):
@@ -163,7 +173,7 @@ class Program:
         self.controller = c.controller
         high = PRESETS[c.controller.action] if c.controller is not None else None
         self.student = model.student(c.arch, recipe=c.recipe, high_recipe=high, **kw)
-        self.reference = model.student(c.arch, recipe=PRESETS["fp32"], **kw)
+        self.reference = model.student(c.arch, recipe=c.reference_recipe, **kw)
         self.normalize = None
         if c.arch == "ngpt":
             from proxy.ngpt import normalize_weights
@@ -179,7 +189,11 @@ class Program:
         else:
             self.tx = optax.identity()
         self.period = c.diagnostics_every
-        self.paired = c.gradient_reference == "paired_run"
+        self.paired = c.has_paired_run
+        self.same_point = c.gradient_reference == "same_point"
+        self.ref_own_data = c.reference_data_seed is not None
+        # the run is its own same-point reference: reuse its gradient (ζ exactly 0, cosine exactly 1)
+        self.self_reference = c.recipe == c.reference_recipe and c.controller is None
         rs = c.recipe
         self.ln_spec = _diagnostic_spec(rs.weight_spec or MXSpec(c.diagnostic_format))
         self.act_spec = _diagnostic_spec(rs.fwd_x or rs.weight_spec or MXSpec(c.diagnostic_format))
@@ -202,7 +216,10 @@ class Program:
         opt = self.tx.init(params)
         state = TrainState(params, opt, jnp.float32(jnp.inf), jnp.bool_(False), jnp.int32(-1))
         if self.paired:
-            state = state._replace(ref_params=params, ref_opt=opt)
+            ref = self.reference.init(jax.random.wrap_key_data(dyn.ref_init_key), x0)["params"]
+            if self.normalize is not None:
+                ref = self.normalize(ref)
+            state = state._replace(ref_params=ref, ref_opt=self.tx.init(ref))
         if self.controller is not None:
             state = state._replace(ctrl=controllers.init(self.controller, 2 * c.depth))
         return state, teacher
@@ -219,9 +236,11 @@ class Program:
             lr = lr * jnp.minimum(1.0, (t + 1.0) / c.warmup_steps)
         return lr
 
-    def _batch(self, dyn, teacher, t):
+    def _batch(self, dyn, teacher, t, reference: bool = False):
+        """(x, y) of step t; ``reference``: the paired run's batch (its own data key)."""
         c = self.config
-        x, noise = data.train_inputs(jax.random.wrap_key_data(dyn.data_key), t, c.batch, c.width)
+        key = dyn.ref_data_key if reference else dyn.data_key
+        x, noise = data.train_inputs(jax.random.wrap_key_data(key), t, c.batch, c.width)
         y = data.targets(lambda v: self.teacher.apply({"params": teacher}, v), x, noise, dyn.noise)
         return _per_member(x, dyn), y
 
@@ -266,8 +285,10 @@ class Program:
             new_params, new_opt, updates = self._update(state.opt_state, state.params, grads, lr)
             ref = ref_grads = diag_metrics = None
             if self.paired:
-                ref_loss, ref_grads, _ = self._loss_grad(self.reference, state.ref_params, x, y)
-                ref = (ref_loss,) + self._update(state.ref_opt, state.ref_params, ref_grads, lr)[:2]
+                xr, yr = self._batch(dyn, teacher, t, reference=True) if self.ref_own_data else (x, y)
+                ref_loss, ref_grads, _ = self._loss_grad(self.reference, state.ref_params, xr, yr)
+                ref = (ref_loss, diagnostics.global_norm(ref_grads)) + \
+                    self._update(state.ref_opt, state.ref_params, ref_grads, lr)[:2]
             if diag:
                 diag_metrics = self._diagnostics(state.params, grads, ref_grads, inter, x, y)
             return loss, grads, new_params, new_opt, updates, ref, diag_metrics
@@ -308,24 +329,34 @@ class Program:
                 "low_precision_frac": 1.0 - jnp.mean(promote[:, 1].astype(jnp.float32)),
             })
         if ref is not None:
-            ref_loss, rp, ro = ref
+            ref_loss, ref_norm, rp, ro = ref
             ref_ok = jnp.isfinite(ref_loss)
             new_state = new_state._replace(ref_params=_where(ref_ok, rp, state.ref_params),
                                            ref_opt=_where(ref_ok, ro, state.ref_opt))
             metrics["ref_loss"] = ref_loss
+            metrics["ref_grad_norm"] = ref_norm
         if diag:
             metrics.update(diag_metrics)
         elif self.period:
             metrics.update(self._nan_diagnostics(state, dyn, teacher))
         return new_state, metrics
 
-    def _diagnostics(self, params, grads, ref_grads, inter, x, y):
-        if ref_grads is None:  # same point: full-precision gradient at these weights and batch
+    def _diagnostics(self, params, grads, paired_grads, inter, x, y):
+        """Diagnostic-step metrics. ``paired_grads``: the paired run's gradient
+        at this step (``None`` without one)."""
+        out = {}
+        if paired_grads is not None:
+            out["zeta_paper"], out["cosine_paper"] = diagnostics.paper_zeta(grads, paired_grads)
+        if not self.same_point:
+            ref_grads = paired_grads
+        elif self.self_reference:
+            ref_grads = grads
+        else:  # same point: the reference recipe's gradient at these weights and batch
             _, ref_grads, _ = self._loss_grad(self.reference, params, x, y)
         zeta, cos = diagnostics.gradient_error(grads, ref_grads)
         per = {k: diagnostics.gradient_error(grads[k], ref_grads[k]) for k in grads}
         order = sorted((k for k in grads if k.startswith("block_")), key=lambda k: int(k.split("_")[-1]))
-        out = {
+        out |= {
             "zeta_bound": zeta,
             "cosine": cos,
             "zeta_bound/block": jnp.stack([per[k][0] for k in order]),
@@ -349,7 +380,7 @@ class Program:
             def probe(s, d, te):
                 x, y = self._batch(d, te, 0)
                 _, g, inter = self._loss_grad(self.reference, s.params, x, y)
-                return self._diagnostics(s.params, g, g, inter, x, y)
+                return self._diagnostics(s.params, g, g if self.paired else None, inter, x, y)
 
             self._template = jax.eval_shape(probe, state, dyn, teacher)
         return jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), self._template)

@@ -90,6 +90,14 @@ INTERVENTIONS: dict[str, tuple[str, Callable[[Recipe], Recipe]]] = {
     "gelu_unquantized": ("activation function (GELU) math in fp32", lambda r: r.replace(act_precision="fp32")),
     "bf16_weights": ("weights (and LN gain/bias) in bf16 in every GEMM; activations and gradients keep MX",
                      lambda r: r.replace(fwd_w=None, dgrad_w=None, ln_affine=None)),
+    # the authors' code's own switches (student_teacher.py), for the paper_* recipes
+    "paper_no_ln_quant": ("the authors' dont_quantize_layernorm: LN input, gain and bias unrounded, mean and "
+                          "variance in fp32, the rest of the LN forward in bf16, its backward in fp32",
+                          lambda r: r.replace(ln_precision="stats_fp32")),
+    "paper_forward_only": ("the authors' dont_quantize_backprop: backward GEMMs unquantized and the whole "
+                           "backward in fp32",
+                           lambda r: r.replace(dgrad_g=None, dgrad_w=None, wgrad_x=None, wgrad_g=None,
+                                               backward_precision="fp32")),
 }
 
 

@@ -6,10 +6,15 @@ quantize their operands along that GEMM's contraction axis (see the table in
 operand role, ``fold_in(key, ROLES.index(role))``, so a training run that
 passes ``fold_in``-derived keys per (seed, step, layer) replays exactly. A
 2-D-tiled weight spec shared by the forward and dgrad GEMMs is quantized once
-(same bits, same key) and both GEMMs see the same quantized weight. LayerNorm and the activation functions round every
-intermediate to the recipe's vector precision; because a float32→bf16→float32
-round trip differentiates to the same round trip of the cotangent, their
-backward passes are rounded too, as in the reference library.
+(same bits, same key) and both GEMMs see the same quantized weight.
+
+Vector math is rounded elementwise to the recipe's vector precision with its
+rounding mode (:func:`vround`); a rounding's backward rounds the cotangent
+the same way (or, with ``backward_precision="fp32"``, not at all), as the
+reference library rounds its backward. ``layer_norm`` follows the MX
+library's ``LayerNormFunction`` op for op, forward and backward (a
+``custom_vjp``) whenever anything in it rounds; in pure float32 it is the
+plain formula differentiated by JAX, like ``torch.nn.LayerNorm``.
 """
 
 from __future__ import annotations
@@ -22,26 +27,76 @@ import jax.numpy as jnp
 from proxy.quantize import MXSpec, quantize
 from proxy.recipe import Recipe
 
-__all__ = ["mx_dense", "mx_matmul", "layer_norm", "activation", "ACTIVATIONS", "vround", "quantize_affine",
-           "ROLES", "operand_key", "switch"]
+__all__ = ["mx_dense", "mx_matmul", "layer_norm", "activation", "ACTIVATIONS", "vround", "bf16_round",
+           "quantize_affine", "ROLES", "operand_key", "switch"]
 
 ACTIVATIONS = ("gelu", "relu", "swiglu", "tanh", "linear")
 ROLES = ("fwd_x", "fwd_w", "dgrad_g", "dgrad_w", "wgrad_x", "wgrad_g")
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def vround(x, precision: str):
-    """Round elementwise to a vector precision (``"bf16"``) or pass (``"fp32"``)."""
-    if precision == "bf16":
+def bf16_round(x, rounding: str = "even"):
+    """float32 → nearest bfloat16 value (as float32), ties to ``"even"`` or ``"away"`` from zero.
+
+    ``"away"`` is the reference library's ``round="nearest"`` (its
+    ``_quantize_bfloat``): magnitudes past the largest bf16 become ±inf,
+    bf16 subnormals are kept, NaN stays NaN. It works on the float32 bit
+    pattern (add half an ulp of bf16 to the magnitude, truncate), so it is
+    exact.
+    """
+    if rounding == "even":
         return x.astype(jnp.bfloat16).astype(jnp.float32)
-    return x
+    if rounding != "away":
+        raise ValueError(f"unknown rounding {rounding!r}; valid: even, away")
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    up = (bits + jnp.uint32(0x8000)) & jnp.uint32(0xFFFF0000)
+    return jnp.where(jnp.isnan(x), x, jax.lax.bitcast_convert_type(up, jnp.float32))
 
 
-def _q(x, spec: MXSpec | None, axis: int, vector: str, key=None):
+def _round_to(x, precision: str, rounding: str):
+    return x if precision == "fp32" else bf16_round(x, rounding)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
+def _rounded(x, rounding: str, bwd_precision: str, bwd_rounding: str):
+    return bf16_round(x, rounding)
+
+
+def _rounded_fwd(x, rounding, bwd_precision, bwd_rounding):
+    return bf16_round(x, rounding), None
+
+
+def _rounded_bwd(rounding, bwd_precision, bwd_rounding, _, g):
+    return (_round_to(g, bwd_precision, bwd_rounding),)
+
+
+_rounded.defvjp(_rounded_fwd, _rounded_bwd)
+
+
+def vround(x, precision: str, rounding: str = "even", backward: str | None = None):
+    """Round elementwise to a vector precision (``"bf16"``) or pass (``"fp32"``).
+
+    ``rounding``: ``"even"`` or ``"away"`` (see :func:`bf16_round`).
+    ``backward``: the precision its cotangent is rounded to (``None``: the
+    same as the forward, with the same rounding; ``"fp32"``: untouched).
+    """
+    if precision == "fp32":
+        return x
+    if rounding == "even" and backward in (None, precision):
+        return bf16_round(x)  # the convert's own transpose rounds the cotangent the same way
+    bwd = precision if backward is None else backward
+    return _rounded(x, rounding, bwd, rounding)
+
+
+def _rounder(precision: str, rounding: str, backward: str | None = None):
+    return functools.partial(vround, precision=precision, rounding=rounding, backward=backward)
+
+
+def _q(x, spec: MXSpec | None, axis: int, vector: str, key=None, rounding: str = "even"):
     """A GEMM operand: MX-quantized along ``axis``, or in vector precision."""
     if spec is None:
-        return vround(x, vector)
-    return quantize(vround(x, vector), spec, axis=axis, key=key if spec.rounding == "stochastic" else None)
+        return vround(x, vector, rounding)
+    return quantize(vround(x, vector, rounding), spec, axis=axis, key=key if spec.rounding == "stochastic" else None)
 
 
 def operand_key(key, recipe: Recipe, role: str):
@@ -69,9 +124,10 @@ def switch(flag, fn, recipe: Recipe, high: Recipe | None):
 
 
 def mx_matmul(a, b, a_spec: MXSpec | None, b_spec: MXSpec | None, vector: str = "fp32", backend: str = "xla",
-              *, a_axis: int = 1, b_axis: int = 0, a_key=None, b_key=None):
+              *, a_axis: int = 1, b_axis: int = 0, a_key=None, b_key=None, rounding: str = "even"):
     """Contract 2-D ``a`` and ``b`` over ``a_axis``/``b_axis`` (K), each operand
-    quantized along K, float32 accumulation, output rounded to ``vector``.
+    quantized along K, float32 accumulation, output rounded to ``vector``
+    (ties ``rounding``, also for the operands' vector rounding).
 
     The defaults are ``a (M, K) @ b (K, N)``. Other axes avoid materialized
     transposes, so the fp32 recipe reproduces JAX's own dot gradients bit for bit.
@@ -80,21 +136,22 @@ def mx_matmul(a, b, a_spec: MXSpec | None, b_spec: MXSpec | None, vector: str = 
     if backend == "pallas":
         from kernels.mx_matmul import mx_dot  # the fused kernel path (no transposes materialized)
 
-        out = mx_dot(vround(a, vector), vround(b, vector), a_spec, b_spec,
+        out = mx_dot(vround(a, vector, rounding), vround(b, vector, rounding), a_spec, b_spec,
                      a_contract_axis=-1 if a_axis == 1 else 0, b_contract_axis=b_axis)
     else:
         dims = (((a_axis,), (b_axis,)), ((), ()))
-        out = jax.lax.dot_general(_q(a, a_spec, a_axis, vector, a_key), _q(b, b_spec, b_axis, vector, b_key),
-                                  dims, precision=_HIGHEST)
-    return vround(out, vector)
+        out = jax.lax.dot_general(_q(a, a_spec, a_axis, vector, a_key, rounding),
+                                  _q(b, b_spec, b_axis, vector, b_key, rounding), dims, precision=_HIGHEST)
+    return vround(out, vector, rounding)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _dense2d(x, w, b, key, recipe: Recipe):
     r = recipe
-    y = mx_matmul(x, w, r.fwd_x, r.fwd_w, r.vector, r.backend,
+    v, rnd = r.vector, r.vector_rounding
+    y = mx_matmul(x, w, r.fwd_x, r.fwd_w, v, r.backend, rounding=rnd,
                   a_key=operand_key(key, r, "fwd_x"), b_key=operand_key(key, r, "fwd_w"))
-    return y if b is None else vround(y + vround(b, r.vector), r.vector)
+    return y if b is None else vround(y + vround(b, v, rnd), v, rnd)
 
 
 def _dense2d_fwd(x, w, b, key, recipe):
@@ -102,14 +159,19 @@ def _dense2d_fwd(x, w, b, key, recipe):
 
 
 def _dense2d_bwd(recipe, res, g):
+    """dgrad and wgrad GEMMs on the saved (unrounded) x and W: an unquantized
+    operand enters in the backward's vector precision (float32 for
+    ``backward_precision="fp32"``, as the library's forward-only backward
+    uses its saved float32 input and weight)."""
     x, w, b, key = res
     r = recipe
-    g = vround(g, r.vector)
-    dx = mx_matmul(g, w, r.dgrad_g, r.dgrad_w, r.vector, r.backend, a_axis=1, b_axis=1,  # over out-features
+    v, rnd = r.backward_vector, r.vector_rounding
+    g = vround(g, v, rnd)
+    dx = mx_matmul(g, w, r.dgrad_g, r.dgrad_w, v, r.backend, a_axis=1, b_axis=1, rounding=rnd,  # over out-features
                    a_key=operand_key(key, r, "dgrad_g"), b_key=operand_key(key, r, "dgrad_w"))
-    dw = mx_matmul(x, g, r.wgrad_x, r.wgrad_g, r.vector, r.backend, a_axis=0, b_axis=0,  # over the batch
+    dw = mx_matmul(x, g, r.wgrad_x, r.wgrad_g, v, r.backend, a_axis=0, b_axis=0, rounding=rnd,  # over the batch
                    a_key=operand_key(key, r, "wgrad_x"), b_key=operand_key(key, r, "wgrad_g"))
-    db = None if b is None else vround(jnp.sum(g, axis=0), r.vector)
+    db = None if b is None else vround(jnp.sum(g, axis=0), v, rnd)
     return dx, dw, db, None
 
 
@@ -146,31 +208,115 @@ def mx_dense(x, w, b, recipe: Recipe, key=None):
 def quantize_affine(p, recipe: Recipe):
     """A LayerNorm gain or bias as the recipe's LN treatment sees it:
     MX-quantized in blocks along the feature axis (straight-through gradient)
-    when ``recipe.ln_affine`` is set, else in vector precision."""
-    prec = "fp32" if recipe.ln_precision == "fp32" else recipe.vector
+    when ``recipe.ln_affine`` is set, else rounded to the LN precision
+    (unrounded with ``ln_precision`` ``"fp32"`` or ``"stats_fp32"``)."""
+    prec = recipe.vector if recipe.ln_precision == "vector" else "fp32"
+    p = vround(p, prec, recipe.vector_rounding)
     if recipe.ln_affine is None:
-        return vround(p, prec)
-    return quantize(vround(p, prec), recipe.ln_affine, axis=-1)
+        return p
+    return quantize(p, recipe.ln_affine, axis=-1)
+
+
+def _ln_precisions(recipe: Recipe) -> tuple[str, str, str]:
+    """(stats, rest, backward) precisions of LayerNorm: the input, mean and
+    variance; the rest of the forward (eps, sqrt, reciprocal, normalize,
+    scale, shift); the backward."""
+    if recipe.ln_precision == "fp32":
+        return "fp32", "fp32", "fp32"
+    if recipe.ln_precision == "stats_fp32":
+        return "fp32", recipe.vector, "fp32"
+    return recipe.vector, recipe.vector, recipe.backward_vector
+
+
+def _mean(x, r):
+    """The library's ``vec_reduce_mean`` over the last axis: sum, round, divide, round."""
+    return r(r(jnp.sum(x, axis=-1, keepdims=True)) / x.shape[-1])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
+def _library_ln(x, gain, bias, gain_bwd, eps: float, stats: str, rest: str, bwd: str, rounding: str):
+    return _library_ln_fwd(x, gain, bias, gain_bwd, eps, stats, rest, bwd, rounding)[0]
+
+
+def _library_ln_fwd(x, gain, bias, gain_bwd, eps, stats, rest, bwd, rounding):
+    """``_norm_forward`` of the MX library: every op rounded (``stats``
+    precision up to the variance, ``rest`` after it)."""
+    rs = functools.partial(_round_to, precision=stats, rounding=rounding)
+    rr = functools.partial(_round_to, precision=rest, rounding=rounding)
+    x = rs(x)
+    mean = _mean(x, rs)
+    xs = rs(x - mean)
+    var = _mean(rs(xs * xs), rs)
+    vare = rr(var + eps)
+    std = rr(jnp.sqrt(vare))
+    inv = rr(1.0 / std)
+    xn = rr(xs * inv)
+    y = xn
+    if gain is not None:
+        y = rr(gain * y)
+    if bias is not None:
+        y = rr(y + bias)
+    return y, (xn, vare, gain_bwd, bias is not None)
+
+
+def _library_ln_bwd(eps, stats, rest, bwd, rounding, res, g):
+    """``LayerNormFunction.backward`` with ``_norm_backward_LN`` of the MX
+    library, every op rounded to ``bwd``."""
+    xn, vare, gain, has_bias = res
+    rb = functools.partial(_round_to, precision=bwd, rounding=rounding)
+    g = rb(g)
+    rows = tuple(range(g.ndim - 1))
+    dbias = rb(jnp.sum(g, axis=rows)) if has_bias else None
+    dgain = rb(jnp.sum(rb(g * xn), axis=rows)) if gain is not None else None
+    dxn = rb(g * gain) if gain is not None else g
+    std = rb(jnp.sqrt(vare))
+    inv = rb(1.0 / std)
+    dxs = rb(dxn * inv)
+    t = rb(rb(dxn * xn) * std)
+    t = _mean(t, rb)
+    t = rb(t * rb(1.0 / vare))
+    dx = rb(dxs + rb(-t * xn))
+    dx = rb(dx + -_mean(dx, rb))
+    return dx, dgain, dbias, None if gain is None else jnp.zeros_like(gain)
+
+
+_library_ln.defvjp(_library_ln_fwd, _library_ln_bwd)
 
 
 def layer_norm(x, gain, bias, recipe: Recipe, eps: float = 1e-5):
-    """LayerNorm over the last axis with every op in the recipe's LN precision.
+    """LayerNorm over the last axis (biased variance, eps inside the square root,
+    as ``torch.nn.LayerNorm``), in the recipe's LN precision.
 
-    ``gain``/``bias`` may be ``None`` (no affine). Matches ``torch.nn.LayerNorm``
-    (biased variance, eps inside the square root).
+    ``gain``/``bias`` may be ``None`` (no affine). They first pass
+    :func:`quantize_affine`; with ``recipe.train_ln_bias`` off the bias gets
+    no gradient. Where any of it rounds (``ln_precision`` ``"vector"`` with
+    bf16 vector math, or ``"stats_fp32"``), the forward and backward follow the
+    MX library's ``LayerNormFunction`` op for op (rounded sum, then the
+    rounded division for each mean; 1/sqrt; the backward of
+    ``_norm_backward_LN``, using the rounded gain, or the unrounded one when
+    the backward runs in float32); in pure float32 it is the plain formula,
+    differentiated by JAX.
     """
-    prec = "fp32" if recipe.ln_precision == "fp32" else recipe.vector
-    r = functools.partial(vround, precision=prec)
-    x = r(x)
-    mean = r(jnp.mean(x, axis=-1, keepdims=True))
-    xc = r(x - mean)
-    var = r(jnp.mean(r(xc * xc), axis=-1, keepdims=True))
-    y = r(xc * r(jax.lax.rsqrt(r(var + eps))))
+    stats, rest, bwd = _ln_precisions(recipe)
+    if bias is not None and not recipe.train_ln_bias:
+        bias = jax.lax.stop_gradient(bias)
+    raw_gain = gain
     if gain is not None:
-        y = r(y * quantize_affine(gain, recipe))
+        gain = quantize_affine(gain, recipe)
     if bias is not None:
-        y = r(y + quantize_affine(bias, recipe))
-    return y
+        bias = quantize_affine(bias, recipe)
+    if stats == rest == bwd == "fp32":
+        mean = jnp.mean(x, axis=-1, keepdims=True)
+        xc = x - mean
+        var = jnp.mean(xc * xc, axis=-1, keepdims=True)
+        y = xc * jax.lax.rsqrt(var + eps)
+        if gain is not None:
+            y = y * gain
+        if bias is not None:
+            y = y + bias
+        return y
+    gain_bwd = None if gain is None else (jax.lax.stop_gradient(raw_gain) if bwd == "fp32" else gain)
+    return _library_ln(x, gain, bias, gain_bwd, eps, stats, rest, bwd, recipe.vector_rounding)
 
 
 def activation(name: str, x, recipe: Recipe):
@@ -180,7 +326,7 @@ def activation(name: str, x, recipe: Recipe):
     GELU is the exact (erf) form, PyTorch's default.
     """
     prec = "fp32" if recipe.act_precision == "fp32" else recipe.vector
-    r = functools.partial(vround, precision=prec)
+    r = _rounder(prec, recipe.vector_rounding, None if prec == "fp32" else recipe.backward_vector)
     x = r(x)
     if name == "gelu":
         return r(jax.nn.gelu(x, approximate=False))

@@ -118,10 +118,10 @@ def alpha_init(depth: int) -> float:
     return ALPHA_INIT_FACTOR / max(depth, 1)
 
 
-def sphere_norm(x, precision: str = "fp32", eps: float = _EPS):
+def sphere_norm(x, precision: str = "fp32", eps: float = _EPS, rounding: str = "even"):
     """``x / ‖x‖₂`` over the last axis, every op rounded to ``precision``
-    (``"fp32"`` or ``"bf16"``), as :func:`proxy.layers.layer_norm` rounds."""
-    r = functools.partial(layers.vround, precision=precision)
+    (``"fp32"`` or ``"bf16"``, ties ``rounding``), as :func:`proxy.layers.layer_norm` rounds."""
+    r = functools.partial(layers.vround, precision=precision, rounding=rounding)
     x = r(x)
     ss = r(jnp.sum(r(x * x), axis=-1, keepdims=True))
     return r(x * r(jax.lax.rsqrt(r(ss + eps))))
@@ -154,7 +154,7 @@ def _unit_init(init: str, gain: float, axis: int):
 
 
 def _norm_precision(recipe: Recipe) -> str:
-    return "fp32" if recipe.ln_precision == "fp32" else recipe.vector
+    return recipe.vector if recipe.ln_precision == "vector" else "fp32"
 
 
 class NGPTBlock(nn.Module):
@@ -186,16 +186,16 @@ class NGPTBlock(nn.Module):
         norm_flag, gemm = _flag(promote, 0), _flag(promote, 1)
 
         def scale_act(u, rc):
-            rv = functools.partial(layers.vround, precision=rc.vector)
+            rv = functools.partial(layers.vround, precision=rc.vector, rounding=rc.vector_rounding)
             u = rv(u * rv(s_u * math.sqrt(d)))
             return layers.activation(self.act, u, rc)
 
         def update(h, v, rc):  # h ← Norm(h + α ⊙ (Norm(v) − h))
             p = _norm_precision(rc)
-            rn = functools.partial(layers.vround, precision=p)
-            h_m = sphere_norm(v, p)
+            rn = functools.partial(layers.vround, precision=p, rounding=rc.vector_rounding)
+            h_m = sphere_norm(v, p, rounding=rc.vector_rounding)
             a = rn(alpha * (a_init / a_scale))
-            return sphere_norm(rn(h + rn(a * rn(h_m - h))), p)
+            return sphere_norm(rn(h + rn(a * rn(h_m - h))), p, rounding=rc.vector_rounding)
 
         self.sow("intermediates", "fc1_in", h)
         u = layers.switch(gemm, lambda rc: layers.mx_dense(h, w1, None, rc, _fold(key, 0)), r1, hi)
@@ -220,7 +220,7 @@ class _Head(nn.Module):
         root = math.sqrt(self.width)
 
         def out(rc):
-            rv = functools.partial(layers.vround, precision=rc.vector)
+            rv = functools.partial(layers.vround, precision=rc.vector, rounding=rc.vector_rounding)
             return rv(h * rv(scale * root))
 
         return layers.switch(flag, out, self.recipe, self.high_recipe)
@@ -245,7 +245,7 @@ class NGPTStudent(nn.Module):
         r, hi = self.recipe, self.high_recipe
         first = None if promote is None or self.depth < 1 else promote[0, 0]
         last = None if promote is None or self.depth < 1 else promote[self.depth - 1, 0]
-        h = layers.switch(first, lambda rc: sphere_norm(x, _norm_precision(rc)), r, hi)
+        h = layers.switch(first, lambda rc: sphere_norm(x, _norm_precision(rc), rounding=rc.vector_rounding), r, hi)
         for i in range(self.depth):
             h = NGPTBlock(self.width, self.act, self.init_scheme, self.init_gain, r, i, self.depth, hi,
                           name=f"block_{i}")(h, _fold(key, i), None if promote is None else promote[i])

@@ -26,9 +26,12 @@ import fnmatch
 
 from proxy.quantize import NVFP4, MXSpec
 
-__all__ = ["Recipe", "PRESETS", "get", "names", "VECTOR_PRECISIONS", "table"]
+__all__ = ["Recipe", "PRESETS", "get", "names", "VECTOR_PRECISIONS", "VECTOR_ROUNDINGS", "LN_PRECISIONS", "table",
+           "FAMILIES"]
 
 VECTOR_PRECISIONS = ("fp32", "bf16")
+VECTOR_ROUNDINGS = ("even", "away")
+LN_PRECISIONS = ("vector", "fp32", "stats_fp32")
 _OPERANDS = ("fwd_x", "fwd_w", "dgrad_g", "dgrad_w", "wgrad_x", "wgrad_g")
 
 
@@ -41,8 +44,26 @@ class Recipe:
       fwd_x, fwd_w, dgrad_g, dgrad_w, wgrad_x, wgrad_g: the :class:`MXSpec` of
         each GEMM operand (see the module table) or ``None``.
       vector: precision of non-GEMM math, ``"bf16"`` or ``"fp32"``.
-      ln_precision: LayerNorm math in ``"vector"`` precision or ``"fp32"``
-        (the paper's "don't quantize LayerNorm" mitigation).
+      vector_rounding: how vector math rounds to ``vector`` precision:
+        ``"even"`` (ties to even, a hardware cast) or ``"away"`` (ties away
+        from zero: the reference library's ``round="nearest"``, which it
+        uses for its bf16 rounding too). Applies to every elementwise
+        rounding: GEMM inputs and outputs, bias, LayerNorm, activations and
+        their backward.
+      backward_precision: precision of the backward pass's vector math and
+        of its unquantized GEMM operands: ``"vector"`` (the same as the
+        forward) or ``"fp32"`` (the authors' forward-only mitigation: with
+        ``quantize_backprop=False`` the library runs the whole backward in
+        float32, on the unrounded saved inputs and weights).
+      ln_precision: LayerNorm math in ``"vector"`` precision, ``"fp32"``
+        (the principled "don't quantize LayerNorm" mitigation: LN in full
+        precision, forward and backward), or ``"stats_fp32"`` (what the
+        authors' ``dont_quantize_layernorm`` switch does: input, gain and
+        bias unrounded, mean and variance in float32, the rest of the
+        forward still rounded to ``vector``, the backward in float32).
+      train_ln_bias: ``False`` freezes the LayerNorm bias (zero gradient):
+        the authors' MX LayerNorm returns no bias gradient, so in their
+        low-precision runs the bias stays 0 while their FP32 run trains it.
       ln_affine: if set, LayerNorm gain and bias are MX-quantized with this
         spec in blocks along the feature axis (the mechanism the paper argues
         for); ``None`` keeps them in vector precision (the reference library).
@@ -72,6 +93,9 @@ class Recipe:
     act_precision: str = "vector"
     backend: str = "xla"
     overrides: tuple[tuple[str, "Recipe"], ...] = ()
+    vector_rounding: str = "even"
+    backward_precision: str = "vector"
+    train_ln_bias: bool = True
 
     def __post_init__(self):
         for field in _OPERANDS + ("ln_affine",):
@@ -80,9 +104,15 @@ class Recipe:
                 raise ValueError(f"Recipe.{field} must be an MXSpec or None, got {spec!r}")
         if self.vector not in VECTOR_PRECISIONS:
             raise ValueError(f"unknown vector precision {self.vector!r}; valid: {', '.join(VECTOR_PRECISIONS)}")
-        for field in ("ln_precision", "act_precision"):
+        if self.vector_rounding not in VECTOR_ROUNDINGS:
+            raise ValueError(f"unknown vector_rounding {self.vector_rounding!r}; valid: {', '.join(VECTOR_ROUNDINGS)}")
+        if self.ln_precision not in LN_PRECISIONS:
+            raise ValueError(f"unknown ln_precision {self.ln_precision!r}; valid: {', '.join(LN_PRECISIONS)}")
+        for field in ("act_precision", "backward_precision"):
             if getattr(self, field) not in ("vector", "fp32"):
                 raise ValueError(f"unknown {field} {getattr(self, field)!r}; valid: vector, fp32")
+        if not isinstance(self.train_ln_bias, bool):
+            raise ValueError(f"Recipe.train_ln_bias must be True or False, got {self.train_ln_bias!r}")
         if self.backend not in ("xla", "pallas"):
             raise ValueError(f"unknown backend {self.backend!r}; valid: xla, pallas")
         if self.backend == "pallas":
@@ -118,6 +148,11 @@ class Recipe:
             all(getattr(self, f) is None for f in _OPERANDS + ("ln_affine",))
             and self.vector == "fp32"
         )
+
+    @property
+    def backward_vector(self) -> str:
+        """The precision of the backward pass's vector math (``"bf16"``/``"fp32"``)."""
+        return "fp32" if self.backward_precision == "fp32" else self.vector
 
     @property
     def stochastic(self) -> bool:
@@ -175,6 +210,32 @@ def _two_d(name: str, element: str, *, grad_rounding: str = "even", tile: int = 
     return Recipe(name, act, w, grad, w, act, grad, vector="bf16", overrides=overrides)
 
 
+def _paper_code(name: str, fwd: str, dgrad_g: str, dgrad_w: str, wgrad_x: str, wgrad_g: str) -> Recipe:
+    """What the authors' released code computes (``olmo/synthetic/student_teacher.py``
+    with its fork of the MX library, ``round="nearest"``, ``bfloat=16``):
+    ties-away MX elements and bf16 vector math; LayerNorm gain and bias
+    rounded to bf16 but never MX-quantized (their clamping is only counted);
+    the LN bias never trained (their MX LayerNorm returns no bias gradient);
+    the student's GELU in exact float32 (bound before the MX ops are injected)."""
+    s = {f: MXSpec(f, rounding="away") for f in {fwd, dgrad_g, dgrad_w, wgrad_x, wgrad_g}}
+    return Recipe(name, s[fwd], s[fwd], s[dgrad_g], s[dgrad_w], s[wgrad_x], s[wgrad_g], vector="bf16",
+                  vector_rounding="away", act_precision="fp32", train_ln_bias=False)
+
+
+def _paper_family() -> list[Recipe]:
+    e4, e5, fp6 = "fp8_e4m3", "fp8_e5m2", "fp6_e2m3"
+    e4m3 = _paper_code("paper_e4m3", e4, e4, e4, e4, e4)
+    return [
+        e4m3,
+        # 'mx-mix': the wgrad GEMM's activation operand (a_elem_format_bp, never set)
+        # inherits the forward activation format, so it stays E4M3
+        _paper_code("paper_mix", e4, e5, e5, e4, e5),
+        _paper_code("paper_fp6", fp6, fp6, fp6, fp6, fp6),
+        e4m3.replace(name="paper_forward_only", dgrad_g=None, dgrad_w=None, wgrad_x=None, wgrad_g=None,
+                     backward_precision="fp32"),
+    ]
+
+
 def _beyond_the_paper() -> list[Recipe]:
     mxfp8_2d = _two_d("mxfp8_2d", "fp8_e4m3")
     sensitive = mxfp8_2d.replace(name="mxfp8_2d (sensitive GEMM)")
@@ -204,13 +265,24 @@ def _build_presets() -> dict[str, Recipe]:
                      ln_affine=None),
         e4m3.replace(name="ln_exempt", ln_precision="fp32", ln_affine=None),
         _uniform("rceil", "fp8_e4m3", rule="rceil"),
-        _mixed("reference_mixed", "fp8_e4m3", "fp8_e5m2", rounding="away", ln_affine=False),
+        _mixed("reference_mixed", "fp8_e4m3", "fp8_e5m2", rounding="away", ln_affine=False).replace(
+            wgrad_x=MXSpec("fp8_e4m3", rounding="away"), vector_rounding="away"),
+        *_paper_family(),
         *_beyond_the_paper(),
     ]
     return {r.name: r for r in presets}
 
 
 PRESETS: dict[str, Recipe] = _build_presets()
+
+# Which question each preset family answers (the README's recipe table groups them).
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "baselines": ("fp32", "bf16"),
+    "principled": ("mxfp8_e4m3", "mxfp8_e5m2", "mxfp8_mixed", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4", "mxint8",
+                   "forward_only", "bf16_activations", "ln_exempt", "rceil"),
+    "authors_code": ("reference_mixed", "paper_e4m3", "paper_mix", "paper_fp6", "paper_forward_only"),
+    "beyond": ("mxfp8_2d", "mxfp4_2d", "nvfp4", "nvfp4_2d"),
+}
 
 _DESCRIPTIONS = {
     "fp32": "everything in float32: the skyline",
@@ -226,7 +298,16 @@ _DESCRIPTIONS = {
     "bf16_activations": "weights MXFP8 E4M3 in forward and dgrad; activations, gradients and LN in bf16: paper mitigation",
     "ln_exempt": "mxfp8_e4m3 but LN math in fp32 and LN affine not quantized: paper mitigation",
     "rceil": "mxfp8_e4m3 with the round-up ('bumped exponent') scale: never clamps",
-    "reference_mixed": "the reference library's mx-mix exactly: E4M3 fwd, E5M2 bwd, bf16 vector math, ties away, LN affine unquantized",
+    "reference_mixed": "the reference library's Linear with its mx-mix specs, bit for bit: E4M3 forward, E5M2 for the "
+                       "gradient operands and the dgrad weight, the wgrad activation E4M3 (it inherits the forward "
+                       "format), ties away for MX elements and bf16 vector math; LN affine unquantized",
+    "paper_e4m3": "the authors' code, E4M3 on all six operands (their Fig. 4/7 run): ties away (MX and bf16), LN "
+                  "gain/bias bf16 and never MX-quantized, LN bias never trained, GELU exact fp32",
+    "paper_mix": "the authors' 'mx-mix': E4M3 forward, E5M2 for dgrad g, dgrad W and wgrad g, wgrad x E4M3; "
+                 "otherwise as paper_e4m3",
+    "paper_fp6": "the authors' FP6: E2M3 on all six operands; otherwise as paper_e4m3",
+    "paper_forward_only": "the authors' forward-only mitigation: paper_e4m3 forward, the whole backward in fp32 "
+                          "(no MX, no bf16)",
     "mxfp8_2d": "E4M3 with rceil scales everywhere; weights in 32×32 tiles, so forward and dgrad see one quantized W; LN affine unquantized",
     "mxfp4_2d": "seed 003's FP4 recipe: E2M1, rceil, 32×32 weight tiles, stochastic rounding of gradients; the sensitive GEMMs "
                 "(first/fc1, last/fc2) in mxfp8_2d; LN affine unquantized",
@@ -262,13 +343,20 @@ def table() -> str:
         kind = "nvfp4" if spec.scale_format == "e4m3" else spec.element.name
         return f"{kind}{tile}/{spec.scale_rule}/{spec.rounding}"
 
-    rows = ["| recipe | forward x, W | dgrad g, W | wgrad x, g | LN affine | vector | what |",
+    def vector(r):
+        v = r.vector + (f" ({r.vector_rounding})" if r.vector != "fp32" else "")
+        extra = [("LN fp32", r.ln_precision == "fp32"), ("LN stats fp32", r.ln_precision == "stats_fp32"),
+                 ("act fp32", r.act_precision == "fp32" and r.vector != "fp32"),
+                 ("backward fp32", r.backward_precision == "fp32" and r.vector != "fp32"),
+                 ("LN bias frozen", not r.train_ln_bias)]
+        return v + "".join(f"; {t}" for t, on in extra if on)
+
+    rows = ["| recipe | forward x, W | dgrad g, W | wgrad x, g | LN affine | vector math | what |",
             "|---|---|---|---|---|---|---|"]
     for n, r in PRESETS.items():
         rows.append(
             f"| `{n}` | {fmt(r.fwd_x)}, {fmt(r.fwd_w)} | {fmt(r.dgrad_g)}, {fmt(r.dgrad_w)} | "
-            f"{fmt(r.wgrad_x)}, {fmt(r.wgrad_g)} | {fmt(r.ln_affine)} | {r.vector}"
-            f"{' (LN fp32)' if r.ln_precision == 'fp32' else ''} | {_DESCRIPTIONS[n]} |"
+            f"{fmt(r.wgrad_x)}, {fmt(r.wgrad_g)} | {fmt(r.ln_affine)} | {vector(r)} | {_DESCRIPTIONS[n]} |"
         )
     return "\n".join(rows)
 
@@ -284,6 +372,9 @@ def _spec_to_json(spec: MXSpec | None):
     return out
 
 
+_NEWER_FIELDS = ("vector_rounding", "backward_precision", "train_ln_bias")
+
+
 def to_json(recipe: Recipe):
     """The preset name if ``recipe`` is an unmodified preset, else a dict."""
     if PRESETS.get(recipe.name) == recipe:
@@ -291,6 +382,8 @@ def to_json(recipe: Recipe):
     out = {}
     for f in dataclasses.fields(recipe):
         v = getattr(recipe, f.name)
+        if f.name in _NEWER_FIELDS and v == f.default:
+            continue  # knobs added later appear only when set: stored configs keep their hash
         if f.name == "overrides":
             if v:
                 out[f.name] = [[p, to_json(r)] for p, r in v]

@@ -84,8 +84,8 @@ class Run:
         return f"Run({self.summary()})"
 
 
-_LEADING = ("loss", "lr", "grad_norm", "update_norm", "zeta_bound", "cosine", "ln_clamp_frac",
-            "weight_clamp_frac", "act_clamp_frac", "ref_loss", "low_precision_frac")
+_LEADING = ("loss", "lr", "grad_norm", "update_norm", "zeta_bound", "cosine", "zeta_paper", "cosine_paper",
+            "ln_clamp_frac", "weight_clamp_frac", "act_clamp_frac", "ref_loss", "ref_grad_norm", "low_precision_frac")
 
 
 def metrics_frame(metrics: dict[str, np.ndarray], start: int = 0) -> pd.DataFrame:

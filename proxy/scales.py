@@ -27,11 +27,60 @@ from typing import Any, Mapping
 
 from proxy.config import Config
 
-__all__ = ["Scale", "SCALES", "STRESS_RESERVED", "get", "names"]
+__all__ = ["Scale", "Campaign", "SCALES", "STRESS_RESERVED", "get", "names"]
 
 # Config fields a scale's stress setting may not change: each system of
 # notebook 09 sets the first three, stress_seeds the last.
 STRESS_RESERVED = ("recipe", "arch", "controller", "seed")
+
+
+@dataclasses.dataclass(frozen=True)
+class Campaign:
+    """The paper's headline experiments at one scale (``proxy campaign``, :mod:`proxy.campaign`).
+
+    Attributes:
+      grid_widths, grid_lrs, grid_recipes, grid_steps: the Fig. 2 grid
+        (every width × recipe; the LRs of one width and recipe share one
+        vmapped program), recorded every ``grid_diagnostics_every`` steps.
+      paired_recipes: the Fig. 4/5 runs: each trains with its FP32 run
+        alongside (``paired_run=True``), so every diagnostic step records both
+        the same-point ‖ζ‖ bound and the paper's squared ζ against the FP32
+        run, plus LN clamp fractions; at ``paired_widths`` for
+        ``paired_steps`` steps, checkpointed at ``intervention_steps``.
+      paired_lrs: learning rates of the paired runs.
+      interventions: names of ``proxy.experiments.INTERVENTIONS`` applied to
+        the first paired recipe's run at each of ``intervention_steps``
+        (Fig. 7); empty: none.
+      controls: the paper metric's controls, each ``(recipe, reference
+        recipe, reference seed offset)``: e.g. FP32 against FP32 with another
+        seed, bf16 against FP32.
+      seeds: student-init seeds of the paired runs and controls.
+    """
+
+    grid_widths: tuple[int, ...] = ()
+    grid_lrs: tuple[float, ...] = ()
+    grid_recipes: tuple[str, ...] = ()
+    grid_steps: int = 0
+    grid_diagnostics_every: int = 100
+    paired_recipes: tuple[str, ...] = ()
+    paired_widths: tuple[int, ...] = ()
+    paired_lrs: tuple[float, ...] = ()
+    paired_steps: int = 0
+    intervention_steps: tuple[int, ...] = ()
+    interventions: tuple[str, ...] = ()
+    controls: tuple[tuple[str, str, int], ...] = ()
+    seeds: tuple[int, ...] = (0,)
+
+    def __post_init__(self):
+        if self.grid_widths and not (self.grid_lrs and self.grid_recipes and self.grid_steps > 0):
+            raise ValueError("a campaign grid needs widths, lrs, recipes and steps > 0")
+        if self.paired_recipes and not (self.paired_widths and self.paired_lrs and self.paired_steps > 0):
+            raise ValueError("paired runs need widths, lrs and steps > 0")
+        if self.interventions and not self.paired_recipes:
+            raise ValueError("interventions continue the first paired run; give paired_recipes")
+        if any(not 0 < t < self.paired_steps for t in self.intervention_steps):
+            raise ValueError(f"intervention steps {self.intervention_steps} must lie inside the paired runs "
+                             f"(0 < t < {self.paired_steps})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +107,8 @@ class Scale:
       stress_seeds: student-init seeds of the stress setting (distinct,
         non-negative; one vmapped sweep per system).
       stress_note: what is known about the stress setting at this scale.
+      campaign: the paper's headline runs at this scale (:class:`Campaign`),
+        or ``None``.
     """
 
     name: str
@@ -72,6 +123,7 @@ class Scale:
     stress: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
     stress_seeds: tuple[int, ...] = (0,)
     stress_note: str = ""
+    campaign: Campaign | None = None
 
     def __post_init__(self):
         early, late = self.intervention_steps
@@ -128,6 +180,11 @@ _SMOKE = Scale(
     note="CI only: every code path and metric, no phenomenon.",
     stress={"lr": 0.1},
     stress_seeds=(0,),
+    campaign=Campaign(grid_widths=(32,), grid_lrs=(3e-3, 1e-2), grid_recipes=("fp32", "paper_e4m3"), grid_steps=60,
+                      grid_diagnostics_every=20, paired_recipes=("paper_e4m3",), paired_widths=(32,),
+                      paired_lrs=(3e-3,), paired_steps=80, intervention_steps=(40,),
+                      interventions=("fp32", "paper_no_ln_quant"),
+                      controls=(("fp32", "fp32", 1),)),
     stress_note="CI only: a 33x higher LR (the resmlp runs end 3-11x above their base loss, no 100x spike); "
                 "only a dynamic field changes, so the stress runs reuse the base runs' compiled programs.",
 )
@@ -163,6 +220,27 @@ _QUICK = Scale(
                 "Read every system against FP32 on the same seed.",
 )
 
+# The largest setting a 2-core CPU finishes in the background within hours: the
+# paper's batch, depth and LR at width 256 (and 128), 7000 steps, each MX run
+# with its FP32 run alongside.
+_MEDIUM = Scale(
+    name="medium",
+    config=Config(width=256, depth=4, batch=2048, lr=6e-4, steps=7000, diagnostics_every=10, val_every=500,
+                  checkpoint_every=500),
+    lr_grid=(6e-4, 1e-3),
+    intervention_steps=(4500, 5080),
+    depths=(4,),
+    widths=(128, 256),
+    sgd_lr=1.0,
+    seconds_per_run=None,
+    note="The paper's batch 2048, depth 4 and Adam LR 6e-4 at width 256 (and 128), 7000 steps: a background job "
+         "of hours on the 2-core CPU (~0.1 s/step at width 128, ~0.4 s at 256, each MX run with its FP32 run "
+         "alongside). Runs the paper's Fig. 4/5 measurements (`proxy campaign --scale medium`); the results are "
+         "committed under results/medium/.",
+    campaign=Campaign(paired_recipes=("paper_e4m3", "mxfp8_e4m3"), paired_widths=(128, 256), paired_lrs=(6e-4,),
+                      paired_steps=7000, controls=(("fp32", "fp32", 1),)),
+)
+
 _PAPER = Scale(
     name="paper",
     config=Config(width=512, depth=4, batch=2048, lr=6e-4, steps=9000, diagnostics_every=10, val_every=200),
@@ -176,11 +254,16 @@ _PAPER = Scale(
          "diverged near step 5100, interventions at 4500 and 5080). A GPU job; not run here.",
     stress={"lr": 1e-3, "diagnostics_every": 0},
     stress_seeds=(0, 1, 2),
+    campaign=Campaign(grid_widths=(256, 512), grid_lrs=(1e-4, 5e-4, 6e-4, 1e-3),
+                      grid_recipes=("fp32", "paper_mix", "paper_fp6", "paper_e4m3"), grid_steps=7000,
+                      paired_recipes=("paper_e4m3",), paired_widths=(512,), paired_lrs=(6e-4,), paired_steps=9000,
+                      intervention_steps=(4500, 5080), interventions=("fp32", "paper_no_ln_quant"),
+                      controls=(("fp32", "fp32", 1), ("bf16", "fp32", 0))),
     stress_note="NOT RUN (a GPU job); a guess, not verified: the top of the paper's LR sweep (1e-3). The base "
                 "config itself diverged once in MXFP8 E4M3 near step 5100 in the paper.",
 )
 
-SCALES: Mapping[str, Scale] = MappingProxyType({s.name: s for s in (_SMOKE, _QUICK, _PAPER)})
+SCALES: Mapping[str, Scale] = MappingProxyType({s.name: s for s in (_SMOKE, _QUICK, _MEDIUM, _PAPER)})
 
 
 def names() -> tuple[str, ...]:

@@ -21,22 +21,24 @@ def _operands(seed=0, b=40, i=64, o=96):
     return x, w, bias, g
 
 
-def _q(x, spec, axis, vec):
-    x = vround(x, vec)
+def _q(x, spec, axis, vec, rnd="even"):
+    x = vround(x, vec, rnd)
     return x if spec is None else quantize(x, spec, axis=axis)
 
 
 def _expected(x, w, b, g, r):
-    """The recipe table, written out: each GEMM's operands along its contraction axis."""
-    v = r.vector
-    y = vround(jnp.dot(_q(x, r.fwd_x, 1, v), _q(w, r.fwd_w, 0, v), precision=HI), v)
-    y = vround(y + vround(b, v), v)
-    gv = vround(g, v)
-    dx = vround(jax.lax.dot_general(_q(gv, r.dgrad_g, 1, v), _q(w, r.dgrad_w, 1, v), (((1,), (1,)), ((), ())),
-                                    precision=HI), v)
-    dw = vround(jax.lax.dot_general(_q(x, r.wgrad_x, 0, v), _q(gv, r.wgrad_g, 0, v), (((0,), (0,)), ((), ())),
-                                    precision=HI), v)
-    db = vround(jnp.sum(gv, axis=0), v)
+    """The recipe table, written out: each GEMM's operands along its contraction
+    axis; the backward's vector math in the backward precision."""
+    v, rnd = r.vector, r.vector_rounding
+    y = vround(jnp.dot(_q(x, r.fwd_x, 1, v, rnd), _q(w, r.fwd_w, 0, v, rnd), precision=HI), v, rnd)
+    y = vround(y + vround(b, v, rnd), v, rnd)
+    v = "fp32" if r.backward_precision == "fp32" else v
+    gv = vround(g, v, rnd)
+    dx = vround(jax.lax.dot_general(_q(gv, r.dgrad_g, 1, v, rnd), _q(w, r.dgrad_w, 1, v, rnd),
+                                    (((1,), (1,)), ((), ())), precision=HI), v, rnd)
+    dw = vround(jax.lax.dot_general(_q(x, r.wgrad_x, 0, v, rnd), _q(gv, r.wgrad_g, 0, v, rnd),
+                                    (((0,), (0,)), ((), ())), precision=HI), v, rnd)
+    db = vround(jnp.sum(gv, axis=0), v, rnd)
     return y, dx, dw, db
 
 
@@ -44,7 +46,8 @@ E4M3, E5M2 = MXSpec("fp8_e4m3"), MXSpec("fp8_e5m2")
 CASES = [
     recipes.get("fp32"), recipes.get("bf16"), recipes.get("mxfp8_e4m3"), recipes.get("mxfp8_mixed"),
     recipes.get("forward_only"), recipes.get("bf16_activations"), recipes.get("mxfp6_e2m3"),
-    recipes.get("reference_mixed"), recipes.get("mxint8"),
+    recipes.get("reference_mixed"), recipes.get("mxint8"), recipes.get("paper_e4m3"), recipes.get("paper_mix"),
+    recipes.get("paper_fp6"), recipes.get("paper_forward_only"),
     recipes.Recipe("backward_only", dgrad_g=E5M2, dgrad_w=E4M3, wgrad_x=E4M3, wgrad_g=E5M2),
 ]
 
