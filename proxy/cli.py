@@ -9,6 +9,7 @@ import sys
 import typing
 
 from proxy.bench import BENCHMARKS
+from proxy.experiments_cli import parse_bool
 
 
 class _Parser(argparse.ArgumentParser):
@@ -27,7 +28,9 @@ _CHOICES = {  # fields whose valid values argparse should list
     "act": "proxy.layers:ACTIVATIONS", "teacher_act": "proxy.layers:ACTIVATIONS", "norm": "proxy.model:NORMS",
     "init": "proxy.model:INITS", "arch": "proxy.model:ARCHS", "optimizer": "proxy.config:OPTIMIZERS", "schedule": "proxy.config:SCHEDULES",
     "gradient_reference": "proxy.config:GRADIENT_REFERENCES", "recipe": "proxy.recipe:PRESETS",
+    "reference_recipe": "proxy.recipe:PRESETS",
 }
+
 
 
 def _lookup(path: str):
@@ -51,6 +54,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, nargs: str | None =
             kind = type(default) if default is not None else (int if "int" in str(hint) else str)
             if kind is tuple:
                 kind = int
+            if kind is bool:
+                kind = parse_bool
         parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, choices=choices,
                             nargs=nargs or ("*" if isinstance(default, tuple) else None), default=None,
                             help=f"default: {default!r}")
@@ -88,6 +93,30 @@ def _figures(args) -> int:
     return 0
 
 
+def _campaign(args) -> int:
+    from proxy import campaign
+
+    try:
+        index = campaign.run(args.scale, args.out, kinds=args.only or campaign.KINDS, widths=args.widths,
+                             progress=not args.quiet)
+    except ValueError as err:
+        args.parser.error(str(err))
+    except KeyboardInterrupt:
+        print("proxy campaign: interrupted; finished runs are kept in the store and results folder, "
+              "and a rerun resumes", file=sys.stderr)
+        return 130
+    if len(index):
+        cols = ["label", "diverged_at", "final_loss", "steps_run", "wall_time_s"]
+        print(index[cols].to_string(index=False))
+    print(f"results: {args.out}/results (index.csv); run store: {args.out}/runs")
+    if args.figures:
+        from proxy.figures import campaign_figures
+
+        for path in campaign_figures(f"{args.out}/results", out=args.figures):
+            print(f"figure: {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="proxy", description="MX low-precision training workbench")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -107,6 +136,19 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--force", action="store_true", help="retrain even if the store holds this config")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.set_defaults(func=_train, parser=train)
+
+    from proxy.campaign import KINDS
+    from proxy.scales import SCALES as _ALL_SCALES
+
+    camp = sub.add_parser("campaign", help="run the paper's headline experiments at a scale (Figs. 2, 4, 5, 7)")
+    camp.add_argument("--scale", required=True, choices=[n for n, s in _ALL_SCALES.items() if s.campaign],
+                      help="smoke (CI), medium (a 2-core CPU, hours) or paper (one H200, minutes)")
+    camp.add_argument("--out", required=True, help="folder for the run store (OUT/runs) and results (OUT/results)")
+    camp.add_argument("--only", nargs="+", choices=KINDS, help="parts to run (default: all)")
+    camp.add_argument("--widths", nargs="+", type=int, help="only these model widths")
+    camp.add_argument("--figures", metavar="DIR", help="also write the campaign's figures into DIR")
+    camp.add_argument("--quiet", action="store_true", help="no progress bars")
+    camp.set_defaults(func=_campaign, parser=camp)
 
     from proxy.figures import FIGURES, SCALES
 

@@ -23,13 +23,25 @@ from pathlib import Path
 
 from proxy.config import Config
 
-__all__ = ["add_experiment_commands", "sweep_axes", "main"]
+__all__ = ["add_experiment_commands", "sweep_axes", "main", "parse_bool"]
+
+
+def parse_bool(text: str) -> bool:
+    """``true/false``, ``yes/no``, ``on/off``, ``1/0`` (case-insensitive)."""
+    v = str(text).strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"invalid boolean {text!r}; valid: true, false (yes/no, on/off, 1/0)")
 
 
 def _field_type(f: dataclasses.Field):
     ann = str(f.type)
-    if f.name == "recipe":
+    if f.name in ("recipe", "reference_recipe"):
         return str
+    if ann == "bool":
+        return parse_bool
     if ann.startswith("tuple"):
         return int
     for name, t in (("float", float), ("int", int)):

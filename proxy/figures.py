@@ -6,17 +6,26 @@ place the experiments are defined, shared with the notebooks), which trains
 into the run store or loads what is already there, so a second call is fast
 and figures that share runs train them once. ``beyond`` (notebook 09) runs
 seed 003's systems through :mod:`proxy.beyond` the same way.
+
+The ``headline_*`` figures (the paper's Figs. 2, 4, 5 and 7) train nothing:
+they read the campaign results committed under ``results/<scale>/`` (see
+:mod:`proxy.campaign`), each from the largest scale whose results hold the
+runs it needs, and say in their title which scale that is.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Callable
 
-from proxy import beyond, paper, plots
+from proxy import beyond, campaign, paper, plots
+from proxy import scales as _scales
 
-__all__ = ["FIGURES", "SCALES", "generate"]
+__all__ = ["FIGURES", "HEADLINE", "SCALES", "generate", "headline_source", "campaign_figures", "RESULTS_ROOT"]
+
+RESULTS_ROOT = "results"
 
 SCALES = ("smoke", "quick", "paper")
 
@@ -35,6 +44,110 @@ def _beyond(scale):
                               f"plain MX and the paper's mitigations")
 
 
+def headline_source(kinds, root=None) -> tuple[str, list] | None:
+    """(scale, runs) of the largest scale whose results under ``root``
+    (default ``$PROXY_RESULTS`` or ``results/``) hold runs of every one of
+    ``kinds``; ``None`` when no scale has them."""
+    root = Path(root or os.environ.get("PROXY_RESULTS") or RESULTS_ROOT)
+    for name in reversed(_scales.names()):  # largest first
+        folder = root / name
+        if not folder.is_dir():
+            continue
+        runs = campaign.load_results(folder)
+        if all(any(r.info["kind"] == k for r in runs) for k in kinds):
+            return name, runs
+    return None
+
+
+def _describe(runs) -> str:
+    c = runs[0].config
+    return f"depth {c.depth}, batch {c.batch}, Adam, {c.steps} steps"
+
+
+def _largest_width(runs):
+    w = max(r.config.width for r in runs)
+    return w, [r for r in runs if r.config.width == w]
+
+
+def _headline_lr_sweep(results):
+    scale, runs = results
+    w, grid = _largest_width([r for r in runs if r.info["kind"] == "grid"])
+    fig = plots.lr_sweep(grid)
+    fig.suptitle(f"Fig. 2 at the {scale} scale: width {w}, {_describe(grid)}\nFP32 vs the authors' MX recipes "
+                 f"across learning rates")
+    return fig
+
+
+def _headline_zeta(results):
+    scale, runs = results
+    w, paired = _largest_width([r for r in runs if r.info["kind"] == "paired"])
+    controls = [r for r in runs if r.info["kind"] == "control" and r.config.width == w]
+    return plots.paper_metric(paired, controls, title=f"Fig. 4 at the {scale} scale: width {w}, {_describe(paired)}, "
+                                                      f"LR {paired[0].config.lr:g}\nthe paper's ζ against the "
+                                                      f"paired FP32 run, its controls, and the same-point bound")
+
+
+def _headline_ln_clamping(results):
+    scale, runs = results
+    w, paired = _largest_width([r for r in runs if r.info["kind"] in ("paired", "control")])
+    fig = plots.ln_clamping(paired, labels=[plots._reference_name(r) if r.info["kind"] == "control"
+                                            else r.config.recipe.name for r in paired])
+    fig.suptitle(f"Fig. 5 (right) at the {scale} scale, width {w}: LN gains in the E4M3 clamp region\n"
+                 f"(counted where the recipe does not quantize them)")
+    return fig
+
+
+def _headline_interventions(results):
+    scale, runs = results
+    children = [r for r in runs if r.info["kind"] == "intervention"]
+    parent_key = children[0].info.get("parent")
+    parents = [r for r in runs if r.info["kind"] == "paired" and r.info.get("key") == parent_key]
+    fig = plots.interventions(parents[0], children)
+    fig.suptitle(f"Fig. 7 at the {scale} scale: in-situ interventions on {parents[0].config.recipe.name}, "
+                 f"width {parents[0].config.width}")
+    return fig
+
+
+# name → (the campaign kinds it needs, figure function of (scale, runs))
+HEADLINE: dict[str, tuple[tuple[str, ...], Callable]] = {
+    "headline_lr_sweep": (("grid",), _headline_lr_sweep),                       # Fig. 2
+    "headline_zeta": (("paired",), _headline_zeta),                             # Fig. 4
+    "headline_ln_clamping": (("paired",), _headline_ln_clamping),              # Fig. 5 (right)
+    "headline_interventions": (("paired", "intervention"), _headline_interventions),  # Fig. 7
+}
+
+
+def _headline(name):
+    kinds, fn = HEADLINE[name]
+
+    def make(scale):
+        found = headline_source(kinds)
+        if found is None:
+            raise ValueError(f"figure {name!r} needs campaign results with {', '.join(kinds)} runs under "
+                             f"{os.environ.get('PROXY_RESULTS') or RESULTS_ROOT}/<scale>/; run "
+                             f"`proxy campaign --scale medium --out DIR` and copy DIR/results there")
+        return fn(found)
+
+    return make
+
+
+def campaign_figures(results, out: str = "figures") -> list[str]:
+    """Every headline figure that one campaign's results folder can draw,
+    written as PNG into ``out``; returns the paths."""
+    runs = campaign.load_results(results)
+    scale = Path(results).resolve().parent.name if Path(results).name == "results" else Path(results).name
+    os.makedirs(out, exist_ok=True)
+    written = []
+    for name, (kinds, fn) in HEADLINE.items():
+        if all(any(r.info["kind"] == k for r in runs) for k in kinds):
+            fig = fn((scale, runs))
+            path = os.path.join(out, f"{name}.png")
+            fig.savefig(path, dpi=120)
+            plots.plt.close(fig)
+            written.append(path)
+    return written
+
+
 FIGURES: dict[str, Callable] = {
     "sawtooth": lambda scale: plots.sawtooth("fp8_e4m3"),                       # Fig. 5 left
     "ln_collapse": lambda scale: plots.ln_collapse("fp8_e4m3"),                 # Section 5
@@ -49,6 +162,7 @@ FIGURES: dict[str, Callable] = {
     "sgd_momentum": lambda scale: plots.sgd_momentum(paper.sgd_runs(scale)),    # Fig. 10
     "init_ablation": lambda scale: plots.init_ablation(paper.init_runs(scale)),  # Fig. 11
     "beyond": _beyond,                                                          # notebook 09: seed 003's systems
+    **{name: _headline(name) for name in HEADLINE},                             # committed campaign results
 }
 
 

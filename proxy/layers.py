@@ -140,9 +140,32 @@ def mx_matmul(a, b, a_spec: MXSpec | None, b_spec: MXSpec | None, vector: str = 
                      a_contract_axis=-1 if a_axis == 1 else 0, b_contract_axis=b_axis)
     else:
         dims = (((a_axis,), (b_axis,)), ((), ()))
-        out = jax.lax.dot_general(_q(a, a_spec, a_axis, vector, a_key, rounding),
-                                  _q(b, b_spec, b_axis, vector, b_key, rounding), dims, precision=_HIGHEST)
+        qa, qb = _q(a, a_spec, a_axis, vector, a_key, rounding), _q(b, b_spec, b_axis, vector, b_key, rounding)
+
+        def f32_dot(qa, qb):  # a real float32 GEMM (on NVIDIA GPUs the default precision would be TF32)
+            return jax.lax.dot_general(qa, qb, dims, precision=_HIGHEST)
+
+        def bf16_dot(qa, qb):  # exact: both operands are bf16 values; float32 accumulation on tensor cores
+            return jax.lax.dot_general(qa.astype(jnp.bfloat16), qb.astype(jnp.bfloat16), dims,
+                                       preferred_element_type=jnp.float32)
+
+        if _bf16_exact(a_spec, vector) and _bf16_exact(b_spec, vector):
+            # chosen when lowering: CPU results never depend on it
+            out = jax.lax.platform_dependent(qa, qb, cuda=bf16_dot, rocm=bf16_dot, default=f32_dot)
+        else:
+            out = f32_dot(qa, qb)
     return vround(out, vector, rounding)
+
+
+def _bf16_exact(spec: MXSpec | None, vector: str) -> bool:
+    """Whether a GEMM operand holds only bfloat16 values: an MX element (≤ 8
+    significant bits) times a power-of-two E8M0 scale, or a value rounded to
+    bf16 vector precision. (Products below 2**-126, bf16 subnormals, are the
+    one inexact corner: tensor cores may flush them.) NVFP4's float32 tensor
+    scale makes its values not bf16-exact."""
+    if spec is None:
+        return vector == "bf16"
+    return spec.scale_format == "e8m0" and spec.element.mantissa_bits + 1 <= 8
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
@@ -211,7 +234,7 @@ def quantize_affine(p, recipe: Recipe):
     when ``recipe.ln_affine`` is set, else rounded to the LN precision
     (unrounded with ``ln_precision`` ``"fp32"`` or ``"stats_fp32"``)."""
     prec = recipe.vector if recipe.ln_precision == "vector" else "fp32"
-    p = vround(p, prec, recipe.vector_rounding)
+    p = vround(p, prec, recipe.vector_rounding, recipe.backward_vector)
     if recipe.ln_affine is None:
         return p
     return quantize(p, recipe.ln_affine, axis=-1)

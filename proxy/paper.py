@@ -37,7 +37,7 @@ __all__ = ["scale", "store", "LR_SWEEP_RECIPES", "ABLATION_RECIPES", "GRADIENT_R
            "INTERVENTIONS", "APPENDIX_RECIPES", "ln_affine_exempt", "lr_sweep_runs", "ablation_cells",
            "ablation_runs", "gradient_bias_runs", "mechanism_runs", "mitigation_runs", "intervention_runs",
            "shape_runs", "sgd_runs", "init_runs", "instability", "summary", "clamp_window",
-           "zeta_by_clamping"]
+           "zeta_by_clamping", "ZETA_CONTROLS", "zeta_control_runs", "paper_metric_table"]
 
 # --------------------------------------------------------------------------- what each experiment trains
 
@@ -47,6 +47,10 @@ GRADIENT_RECIPES = ("mxfp8_e4m3", "mxfp6_e2m3", "mxfp4")           # Fig. 4 (sam
 MITIGATION_RECIPES = ("fp32", "mxfp8_e4m3", "forward_only", "bf16_activations")  # Fig. 6
 INTERVENTIONS = ("fp32", "ln_exempt", "rceil", "bf16_activations")  # Fig. 7 (names of experiments.INTERVENTIONS)
 APPENDIX_RECIPES = ("fp32", "mxfp8_e4m3")                          # Figs. 9-11
+# The paper's ζ (squared, against a separately trained FP32 run) and its controls:
+# (recipe, reference recipe, reference seed offset, reference data-seed offset)
+ZETA_CONTROLS = (("paper_e4m3", "fp32", 0, 0), ("mxfp8_e4m3", "fp32", 0, 0), ("bf16", "fp32", 0, 0),
+                 ("fp32", "fp32", 1, 0), ("fp32", "fp32", 0, 1))
 SGD_MOMENTUM = 0.9
 
 # (activation, norm) cells of the Fig. 3 ablation. The smoke scale (CI: every
@@ -168,6 +172,49 @@ def intervention_runs(scale=None, *, recipe: str = "mxfp8_e4m3", interventions=N
     children = [ex.intervene(parent, t, apply=name, checkpoint_at=(), store=store(), progress=progress)
                 for t in steps for name in interventions]
     return parent, children
+
+
+def zeta_control_runs(scale=None, *, controls=ZETA_CONTROLS, progress: bool = True) -> list[Run]:
+    """The paper's ζ with its controls: each ``(recipe, reference, seed
+    offset, data-seed offset)`` of ``controls`` trains ``recipe`` with the
+    ``reference`` run alongside, started from ``seed + offset`` and fed the
+    batches of ``data_seed + data offset``. FP32 against FP32 with another
+    seed or other batches shows what the paper's metric gives when nothing is
+    quantized at all."""
+    s = _scale(scale)
+    base = s.config.replace(paired_run=True)
+    runs = []
+    for recipe, ref, seed_off, data_off in controls:
+        cfg = base.replace(recipe=recipe, reference_recipe=ref,
+                           reference_seed=base.seed + seed_off if seed_off else None,
+                           reference_data_seed=base.data_seed + data_off if data_off else None)
+        runs += _sweep(cfg, progress)
+    return runs
+
+
+def paper_metric_table(runs) -> pd.DataFrame:
+    """One row per paired run: what its reference differs in, the median and
+    maximum of the paper's ζ, the fraction of diagnostic steps with ζ above
+    1.5, the median cosine against the paired run, and (where it differs from
+    the run itself) the median same-point ‖ζ‖ bound."""
+    rows = []
+    for r in runs:
+        c = r.config
+        m = r.metrics if r.diverged_at is None else r.metrics[r.metrics["step"] < r.diverged_at]
+        d = m.dropna(subset=["zeta_paper"])
+        differs = [f"seed {c.reference_seed}" for _ in [0] if c.reference_seed not in (None, c.seed)]
+        differs += [f"data seed {c.reference_data_seed}" for _ in [0]
+                    if c.reference_data_seed not in (None, c.data_seed)]
+        rows.append({
+            "run": c.recipe.name, "reference": c.reference_recipe.name,
+            "reference differs in": ", ".join(differs) or "precision only",
+            "zeta_paper_median": float(d["zeta_paper"].median()), "zeta_paper_max": float(d["zeta_paper"].max()),
+            "frac_above_1.5": float((d["zeta_paper"] > 1.5).mean()),
+            "cosine_paper_median": float(d["cosine_paper"].median()),
+            "same_point_zeta_median": float(d["zeta_bound"].median()),
+            "diverged_at": r.diverged_at,
+        })
+    return pd.DataFrame(rows)
 
 
 def shape_runs(scale=None, *, recipes=APPENDIX_RECIPES, progress: bool = True) -> list[Run]:

@@ -16,13 +16,16 @@ from proxy.quantize import MXSpec, quantize  # noqa: E402
 
 __all__ = ["color", "sawtooth", "ln_collapse", "loss_grid", "lr_sweep", "lr_summary", "ablations", "gradient_bias",
            "ln_clamping", "mitigations", "interventions", "spikes_vs_shape", "sgd_momentum", "init_ablation", "ln_gains",
-           "beyond"]
+           "beyond", "paper_metric"]
 
 _PALETTE = {
     "fp32": "#222222", "bf16": "#7f7f7f", "mxfp8_e4m3": "#d62728", "mxfp8_e5m2": "#ff7f0e",
     "mxfp8_mixed": "#e377c2", "mxfp6_e2m3": "#1f77b4", "mxfp6_e3m2": "#17becf", "mxfp4": "#9467bd",
     "mxint8": "#8c564b", "forward_only": "#2ca02c", "bf16_activations": "#bcbd22", "ln_exempt": "#98df8a",
     "rceil": "#ff9896", "reference_mixed": "#c5b0d5",
+    # the authors' code (proxy.recipe FAMILIES["authors_code"]) and its switches
+    "paper_e4m3": "#8b0000", "paper_mix": "#c51b7d", "paper_fp6": "#08519c", "paper_forward_only": "#006d2c",
+    "paper_no_ln_quant": "#41ab5d", "paper_bump": "#fd8d3c",
     # derived recipes (interventions name them "<recipe>+<intervention>")
     "ln_affine_exempt": "#17becf", "backward_unquantized": "#2ca02c", "gelu_unquantized": "#8c564b",
     "bf16_weights": "#9467bd",
@@ -319,6 +322,73 @@ def gradient_bias(runs, labels=None):
             ax.set_yscale("log")
     axes[1, 0].legend(fontsize=7, loc="upper right")
     fig.suptitle("Gradient bias of low-precision training (g̃ low precision, g full precision)")
+    fig.tight_layout()
+    return fig
+
+
+def _reference_name(r) -> str:
+    c = r.config
+    lab = f"{c.recipe.name} vs {c.reference_recipe.name}"
+    if c.reference_seed is not None and c.reference_seed != c.seed:
+        lab += f" (seed {c.reference_seed})"
+    if c.reference_data_seed is not None and c.reference_data_seed != c.data_seed:
+        lab += f" (data seed {c.reference_data_seed})"
+    return lab
+
+
+def paper_metric(runs, controls=(), title: str | None = None):
+    """Paper Fig. 4 with its controls. ``runs``: low-precision runs trained
+    with their FP32 run alongside (``paired_run=True``); ``controls``: runs
+    whose paired reference differs by construction (FP32 against FP32 with
+    another seed, bf16 against FP32).
+
+    Top left: loss of each run (solid) and of its paired FP32 run (dashed,
+    black). Top right: the paper's ζ, ‖g̃ − g_ref‖² / ‖g_ref‖² against the
+    paired run (dashed line at 2: what two decorrelated gradients of equal
+    norm give). Bottom left: the same-point ‖ζ‖ bound, ‖g̃ − g‖ / ‖g‖ with g
+    the FP32 gradient at the same weights and batch (the quantization error
+    alone). Bottom right: the two cosines (dashed: against the paired run)."""
+    runs, controls = list(runs), list(controls)
+    smooth = _auto_smooth(runs + controls, None)
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    a_loss, a_paper, a_same, a_cos = axes.flat
+    ref_drawn = set()
+    for r in runs + controls:
+        is_control = r in controls
+        c = "0.55" if is_control and r.config.recipe.is_full_precision else color(r.config.recipe.name)
+        ls = ":" if is_control else "-"
+        name = _reference_name(r) if is_control else r.config.recipe.name
+        x, y = _series(r, "loss")
+        _plot_smoothed(a_loss, x, y, smooth, color=c, ls=ls, lw=1.1, label=_run_label(r, lambda _: name))
+        _mark_divergence(a_loss, r, c)
+        key = (r.config.width, r.config.reference_recipe.name, r.config.reference_seed, r.config.reference_data_seed)
+        if not is_control and key not in ref_drawn:
+            ref_drawn.add(key)
+            x, y = _series(r, "ref_loss")
+            _plot_smoothed(a_loss, x, y, smooth, color="k", ls="--", lw=1.0,
+                           label=f"paired {r.config.reference_recipe.name} run")
+        x, y = _series(r, "zeta_paper")
+        _trend(a_paper, x, y, c, name, ls if is_control else "-")
+        if not is_control:
+            x, y = _series(r, "zeta_bound")
+            _trend(a_same, x, y, c, name)
+            x, y = _series(r, "cosine")
+            _trend(a_cos, x, y, c, f"{name}: same point")
+        x, y = _series(r, "cosine_paper")
+        _trend(a_cos, x, y, c, f"{name}: vs paired run", "--" if not is_control else ":")
+    a_loss.set_yscale("log")
+    a_loss.set_ylabel("training loss" + (f" ({smooth}-step mean)" if smooth > 1 else ""))
+    a_paper.axhline(2.0, color="k", ls="--", lw=1)
+    a_paper.text(0.01, 2.0, " 2 = two uncorrelated gradients of equal norm", transform=a_paper.get_yaxis_transform(),
+                 va="bottom", fontsize=7)
+    a_paper.set_ylim(0, max(2.4, a_paper.get_ylim()[1]))
+    a_paper.set_ylabel("paper's ζ = ‖g̃ − g_ref‖² / ‖g_ref‖²")
+    _zeta_axis(a_same, "same-point ‖ζ‖ bound = ‖g̃ − g‖ / ‖g‖")
+    a_cos.set_ylabel("cosine")
+    for ax in axes.flat:
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7)
+    fig.suptitle(title or "The paper's ζ against its paired FP32 run, the same-point bound, and the controls")
     fig.tight_layout()
     return fig
 

@@ -1,0 +1,107 @@
+"""``proxy campaign`` at smoke size: every kind of run, exported and read back, and its figures."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from proxy import campaign, cli, figures, scales
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("campaign")
+    index = campaign.run("smoke", out, progress=False, log=lambda *_: None)
+    return out, index
+
+
+def test_plan_lists_the_grid_the_paired_runs_and_the_controls():
+    entries = campaign.plan("paper")
+    grid = [e for e in entries if e.kind == "grid"]
+    assert len(grid) == 2 * 4 * 4  # widths x recipes x LRs (Fig. 2)
+    assert {e.config.recipe.name for e in grid} == {"fp32", "paper_mix", "paper_fp6", "paper_e4m3"}
+    assert all(e.config.batch == 2048 and e.config.depth == 4 and e.config.steps == 7000 for e in grid)
+    (paired,) = [e for e in entries if e.kind == "paired"]
+    assert paired.config.width == 512 and paired.config.steps == 9000 and paired.config.paired_run
+    assert paired.config.checkpoint_at == (4500, 5080) and paired.config.lr == 6e-4
+    controls = {e.label for e in entries if e.kind == "control"}
+    assert "control-w512-fp32-vs-fp32-seed+1-s0" in controls and "control-w512-bf16-vs-fp32-s0" in controls
+    assert len({e.label for e in entries}) == len(entries)
+
+
+def test_plan_rejects_unknown_parts_and_scales_without_a_campaign():
+    with pytest.raises(ValueError, match="unknown campaign part.*valid: grid, paired, control, intervention"):
+        campaign.plan("smoke", ("grid", "figs"))
+    with pytest.raises(ValueError, match="has no campaign; scales with one: smoke, medium, paper"):
+        campaign.plan("quick")
+
+
+def test_smoke_campaign_exports_every_kind_and_loads_back(smoke):
+    out, index = smoke
+    assert set(index["kind"]) == set(campaign.KINDS)
+    assert (index["code_version"].str.len() == 16).all()
+    runs = campaign.load_results(out / "results")
+    assert len(runs) == len(index)
+    paired = [r for r in runs if r.info["kind"] == "paired"]
+    d = paired[0].metrics.dropna(subset=["zeta_paper"])
+    assert len(d) and {"zeta_bound", "cosine", "cosine_paper", "ln_clamp_frac", "ref_loss"} <= set(d.columns)
+    for r in runs:  # metrics round-trip bit for bit through the results folder
+        cfg = json.loads((out / "results" / r.info["label"] / "config.json").read_text())
+        assert cfg["width"] == r.config.width
+    children = [r for r in runs if r.info["kind"] == "intervention"]
+    assert {r.info["intervention"]["apply"][0] for r in children} == {"fp32", "paper_no_ln_quant"}
+    for c in children:  # a child shares its parent's metrics before the intervention step
+        at = c.info["intervention"]["at_step"]
+        before = c.metrics[c.metrics.step < at]
+        pd.testing.assert_frame_equal(before[["step", "loss"]], paired[0].metrics[paired[0].metrics.step < at][
+            ["step", "loss"]].reset_index(drop=True))
+    assert pd.read_csv(out / "results" / "index.csv").shape[0] == len(index)
+
+
+def test_a_second_campaign_call_loads_everything(smoke):
+    out, index = smoke
+    again = campaign.run("smoke", out, kinds=("paired", "control"), progress=False, log=lambda *_: None)
+    assert again.shape[0] == index.shape[0]
+
+
+def test_headline_figures_come_from_the_largest_scale_with_results(smoke, tmp_path, monkeypatch):
+    out, _ = smoke
+    root = tmp_path / "results"
+    root.mkdir()
+    (root / "smoke").symlink_to(out / "results")
+    monkeypatch.setenv("PROXY_RESULTS", str(root))
+    scale, runs = figures.headline_source(("paired",))
+    assert scale == "smoke" and runs
+    written = figures.generate(["headline_zeta", "headline_interventions"], scale="smoke", out=str(tmp_path / "f"),
+                               log=lambda *_: None)
+    assert len(written) == 2
+    monkeypatch.setenv("PROXY_RESULTS", str(tmp_path / "empty"))
+    with pytest.raises(ValueError, match="needs campaign results"):
+        figures.generate(["headline_zeta"], scale="smoke", out=str(tmp_path / "f"), log=lambda *_: None)
+
+
+def test_campaign_figures_draw_everything_a_results_folder_holds(smoke, tmp_path):
+    out, _ = smoke
+    paths = figures.campaign_figures(out / "results", out=str(tmp_path))
+    assert sorted(p.rsplit("/", 1)[-1] for p in paths) == sorted(f"{n}.png" for n in figures.HEADLINE)
+
+
+def test_cli_campaign_reports_bad_input_with_status_2(capsys, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["campaign", "--scale", "quick", "--out", str(tmp_path)])
+    assert e.value.code == 2
+    assert "invalid choice: 'quick'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        cli.main(["campaign", "--scale", "smoke", "--out", str(tmp_path), "--only", "everything"])
+    assert e.value.code == 2
+
+
+def test_every_scale_campaign_is_consistent():
+    for name in scales.names():
+        c = scales.get(name).campaign
+        if c is None:
+            continue
+        for kind in campaign.KINDS[:3]:
+            for e in campaign.plan(name, (kind,)):
+                assert e.config.recipe.name in e.label or kind == "control"
