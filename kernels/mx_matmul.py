@@ -1,71 +1,60 @@
-"""Block-scaled (MX) matmuls as Pallas kernels, each beside its plain-JAX reference.
+"""Block-scaled (MX) matmuls: the public entry points, each beside its plain-JAX reference.
 
-``mx_matmul(a, b, a_spec, b_spec)`` -- fused: ``a (M, K) @ b (K, N)`` where
-every program of the (M/bm, N/bn) grid walks K in steps of ``bk``, loads a
-``(bm, bk)`` tile of ``a`` and a ``(bk, bn)`` tile of ``b`` in their input
-dtype, MX-quantizes both along K in-register exactly as ``proxy.quantize``
-does (the shared bit arithmetic of :mod:`kernels.mx_quantize`), and
-accumulates ``dot(qa, qb)`` in float32. No fake-quantized copy of either
-operand is written to memory. Either operand may also be stored the other
-way round (``a_layout="km"``: a is (K, M); ``b_layout="nk"``: b is (N, K),
-K-major), so no caller needs to materialize a transpose.
+``mx_matmul(a, b, a_spec, b_spec)`` -- fused: ``quantize(a) @ quantize(b)``
+with each operand MX-quantized along K **once** by the Pallas quantize kernel
+(:func:`kernels.mx_operand.quantize_operand`, written K-major in the form the
+GEMM reads: FP8 codes, FP6 as E4M3 codes, FP4 packed two per byte), then the
+MX GEMM kernel (:func:`kernels.mx_gemm.gemm`: FP8 tensor cores with
+per-32-chunk E8M0 rescaling, or exact bf16 tiles). No float32 fake-quantized
+copy of either operand is written. Either operand may be stored the other way
+round (``a_layout="km"``: a is (K, M); ``b_layout="nk"``: b is (N, K),
+K-major); the quantize kernel transposes tiles, so no caller materializes a
+transpose. An unquantized operand (spec ``None``) makes it an ordinary GEMM:
+it runs in XLA (``proxy.quantize`` of the other operand, float32 ``dot`` at
+HIGHEST), never through Pallas.
 
-``mx_scaled_matmul(a_codes, a_scales, b_codes, b_scales, ...)`` -- the
-prequantized variant: element codes + E8M0 scale bytes in the layout of
-``jax.lax.scaled_dot`` (``a (M, K)`` with scales ``(M, K/bs)``; ``b (K, N)``
-with ``(K/bs, N)``, or with ``b_layout="nk"`` the K-major ``(N, K)`` /
-``(N, K/bs)`` of ``jax.nn.scaled_matmul``), dequantized tile by tile in the
-kernel.
+``mx_gemm(a_op, b_op)`` -- prequantized :class:`~kernels.mx_operand.MXOperand`
+pair (the fastest path when operands are reused). ``mx_scaled_matmul(a_codes,
+a_scales, b_codes, b_scales, ...)`` -- prequantized codes + E8M0 scales in
+the layouts of ``jax.lax.scaled_dot`` / ``jax.nn.scaled_matmul`` (converted to
+operands with XLA, then the GEMM). ``mx_dot`` -- the entry point for
+``proxy.layers`` (leading axes, contraction axes).
 
-``mx_dot(a, b, a_spec, b_spec)`` -- the entry point for ``proxy.layers``:
-contracts a's last axis (or, 2-D ``a`` with ``a_contract_axis=0``, its first)
-with b's first (or, ``b_contract_axis=1``, its second); not differentiable by
-itself.
-
-Tile products. A quantized tile holds values ``element * 2**e``; every MX
-element has at most 8 significant bits (MXINT8: 7, FP8: <= 4), so the tile is
-exact in bfloat16 (same exponent range as float32), and a bf16 x bf16 dot
-with float32 accumulation -- the Hopper tensor-core path -- forms every
-product exactly. Only float32-subnormal tile values (block amax below about
-2**-118) can lose bits in the bf16 tile; XLA CPU flushes those anyway. When
-an operand is unquantized (spec ``None``) the tile dot runs in float32 with
-``precision=HIGHEST`` (no TF32), i.e. the reference's numerics.
-
-Agreement with the reference: quantized values bit for bit; the products
-differ only by float32 summation order, elementwise within
-:func:`accumulation_tolerance` ``= 2 K 2**-24 (|qa| @ |qb|) + K 2**-126``
-(each float32 sum is within ``K u sum|p|`` of the exact one, ``u = 2**-24``;
-the last term covers products flushed to zero as float32 subnormals).
+Agreement with the reference (interpret mode): quantized values bit for bit;
+products exact; only the float32 summation order differs, elementwise within
+:func:`accumulation_tolerance` ``= 2 K 2**-24 (|qa| @ |qb|) + K 2**-126``. On
+Hopper, FP8 tensor cores keep fewer bits while summing a 32-deep chunk:
+:func:`mma_tolerance` adds ``2**-8 (|qa| @ |qb|)`` for that.
 """
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import pallas as pl
 
 from kernels import backend
 from kernels import mx_quantize as mxq
+from kernels.mx_gemm import gemm, tuning_mode
+from kernels.mx_operand import CHUNK, GEMM_DTYPES, ZERO_BLOCK_SCALE, MXOperand, operand_from_codes, quantize_operand
+from kernels.tuning import GemmConfig, config_for
 from proxy import formats as _formats
-from proxy.quantize import MXSpec
+from proxy.quantize import MXSpec, quantize
 
 __all__ = [
-    "mx_matmul", "mx_matmul_reference", "mx_scaled_matmul", "mx_scaled_matmul_reference", "mx_dot",
-    "A_LAYOUTS", "B_LAYOUTS", "OUT_DTYPES", "METHODS", "default_block_sizes", "accumulation_tolerance",
+    "mx_matmul", "mx_matmul_reference", "mx_gemm", "mx_scaled_matmul", "mx_scaled_matmul_reference", "mx_dot",
+    "A_LAYOUTS", "B_LAYOUTS", "OUT_DTYPES", "METHODS", "resolve_config", "accumulation_tolerance", "mma_tolerance",
 ]
 
 A_LAYOUTS = ("mk", "km")  # a as (M, K) [lax.scaled_dot] or (K, M)
 B_LAYOUTS = ("kn", "nk")  # b as (K, N) [lax.scaled_dot] or K-major (N, K) [jax.nn.scaled_matmul]
 OUT_DTYPES = ("float32", "bfloat16", "float16")
 METHODS = ("fused", "two_pass")
-MIN_DOT_DIM = 16  # Triton/tensor-core minimum for every dot dimension
+_HIGHEST = jax.lax.Precision.HIGHEST
 
 
 # ----------------------------------------------------------------------------
-# validation shared by both kernels
+# validation
 
 
 def _check_choice(value, valid, what):
@@ -108,91 +97,25 @@ def _check_mnk(a, b, a_layout, b_layout, what=("a", "b")) -> tuple[int, int, int
     return m, n, k
 
 
-def default_block_sizes(m: int, n: int, k: int, k_multiple: int, interpret: bool) -> tuple[int, int, int]:
-    """(bm, bn, bk) when the caller gives none: powers of two, each >= 16.
+def resolve_config(m: int, n: int, k: int, mode: str, interpret: bool, block_sizes=None,
+                   config: GemmConfig | None = None) -> GemmConfig:
+    """The GEMM configuration: ``config`` as given, else the tuned one for the
+    shape (:func:`kernels.tuning.config_for`) with ``block_sizes=(bm, bn, bk)``
+    replacing its tiles if given.
 
-    Compiled: 128 x 128 x max(32, block size), 8 warps -- untuned (no GPU was
-    lent for this work; README "GPU numbers"): larger bm, bn mean fewer
-    re-quantizations of each operand tile (every a tile is quantized N/bn
-    times). Interpreted: tiles as large as the problem allows (up to 256 x
-    256 x 512), because the interpreter pays per grid step, not per FLOP.
+    Raises:
+      ValueError: bad ``block_sizes`` / ``config`` (naming the valid choices).
     """
-    if interpret:
-        bm = min(256, max(MIN_DOT_DIM, backend.next_pow2(m)))
-        bn = min(256, max(MIN_DOT_DIM, backend.next_pow2(n)))
-        bk = max(k_multiple, MIN_DOT_DIM, min(512, backend.next_pow2(k)))
-        return bm, bn, bk
-    bm = min(128, max(MIN_DOT_DIM, backend.next_pow2(m)))
-    bn = min(128, max(MIN_DOT_DIM, backend.next_pow2(n)))
-    return bm, bn, max(32, k_multiple)
-
-
-def _check_block_sizes(block_sizes, k_multiple: int) -> tuple[int, int, int]:
+    if config is not None:
+        if not isinstance(config, GemmConfig):
+            raise ValueError(f"config must be a kernels.tuning.GemmConfig or None, got {type(config).__name__}")
+        return config
+    cfg = config_for(m, n, k, mode, interpret)
+    if block_sizes is None:
+        return cfg
     if not (isinstance(block_sizes, (tuple, list)) and len(block_sizes) == 3):
         raise ValueError(f"block_sizes must be (bm, bn, bk) or None, got {block_sizes!r}")
-    for name, v in zip(("bm", "bn", "bk"), block_sizes):
-        if not backend.is_pow2(v) or v < MIN_DOT_DIM:
-            raise ValueError(
-                f"block_sizes {name}={v!r} is invalid; valid: a power of two >= {MIN_DOT_DIM} "
-                "(16, 32, 64, 128, ...)"
-            )
-    bk = block_sizes[2]
-    if bk % k_multiple:
-        raise ValueError(
-            f"block_sizes bk={bk} must be a multiple of the operands' MX block size {k_multiple}; "
-            f"valid: {k_multiple}, {2 * k_multiple}, {4 * k_multiple}, ..."
-        )
-    return tuple(int(v) for v in block_sizes)
-
-
-def _resolve_blocks(block_sizes, m, n, k, k_multiple, interpret):
-    if block_sizes is None:
-        block_sizes = default_block_sizes(m, n, k, max(k_multiple, MIN_DOT_DIM), interpret)
-    return _check_block_sizes(block_sizes, k_multiple)
-
-
-# ----------------------------------------------------------------------------
-# tiling shared by both kernels
-
-
-def _pad_operand(x, layout: str, other_tile: int, k_tile: int):
-    """Zero-pad an operand so its K axis is a multiple of k_tile and its other axis of other_tile."""
-    ka = _k_axis(layout)
-    mult = [other_tile, other_tile]
-    mult[ka] = k_tile
-    pads = [(0, -x.shape[d] % mult[d]) for d in range(2)]
-    return jnp.pad(x, pads) if any(p for _, p in pads) else x
-
-
-def _operand_spec(x_shape, layout: str, other_tile: int, grid_axis: int):
-    """BlockSpec giving each program all of K and one other_tile slice (grid axis 0: i, 1: j)."""
-    ka = _k_axis(layout)
-    block = [other_tile, other_tile]
-    block[ka] = x_shape[ka]
-    pick = (lambda i, j: i) if grid_axis == 0 else (lambda i, j: j)
-    if ka == 0:
-        return pl.BlockSpec(tuple(block), lambda i, j: (0, pick(i, j)))
-    return pl.BlockSpec(tuple(block), lambda i, j: (pick(i, j), 0))
-
-
-def _load_k_slice(ref, layout: str, start, size: int):
-    """The ``size`` entries of K from ``start`` of a tile ref stored in ``layout``."""
-    return ref[pl.ds(start, size), :] if _k_axis(layout) == 0 else ref[:, pl.ds(start, size)]
-
-
-def _launch(num_tiles: int) -> dict:
-    """Triton launch parameters by tile size (untuned defaults)."""
-    return dict(num_warps=8 if num_tiles >= 128 * 128 else 4, num_stages=2)
-
-
-def _tile_dot(a, b, a_layout: str, b_layout: str, *, exact_bf16: bool):
-    """float32 (bm, bn) product of an a tile and a b tile stored in their layouts."""
-    dims = (((_k_axis(a_layout),), (_k_axis(b_layout),)), ((), ()))
-    if exact_bf16:
-        return jax.lax.dot_general(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), dims,
-                                   preferred_element_type=jnp.float32)
-    return jax.lax.dot_general(a.astype(jnp.float32), b.astype(jnp.float32), dims,
-                               precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    return cfg.replace(bm=block_sizes[0], bn=block_sizes[1], bk=block_sizes[2])
 
 
 def accumulation_tolerance(qa, qb) -> np.ndarray:
@@ -210,59 +133,34 @@ def accumulation_tolerance(qa, qb) -> np.ndarray:
     return 2.0 * k * 2.0**-24 * (qa @ qb) + k * 2.0**-126
 
 
-def _run(kernel, operands, layouts, others, m, n, block_sizes, out_name, interpret, name):
-    """Pad, tile and launch a matmul kernel over the (M/bm, N/bn) grid; cut the result back.
-
-    ``operands`` are (a arrays..., b arrays...) with ``layouts`` and the tile
-    of their non-K axis in ``others`` (bm for a's, bn for b's); every array's
-    K axis is padded to bk (codes) or bk / block (scales) as ``others`` says.
-    """
-    bm, bn = block_sizes[:2]
-    padded = [_pad_operand(x, lay, ot, kt) for x, lay, (ot, kt) in zip(operands, layouts, others)]
-    mp = _sizes(padded[0], layouts[0])[0]
-    np_ = _sizes(padded[-1], layouts[-1])[0]
-    half = len(operands) // 2  # a's arrays tile with grid axis 0 (i), b's with axis 1 (j)
-    in_specs = [_operand_spec(x.shape, lay, ot, 0 if idx < half else 1)
-                for idx, (x, lay, (ot, _)) in enumerate(zip(padded, layouts, others))]
-    out = backend.pallas_call(
-        kernel,
-        out_shape=jax.ShapeDtypeStruct((mp, np_), jnp.dtype(out_name)),
-        grid=(mp // bm, np_ // bn),
-        in_specs=in_specs,
-        out_specs=pl.BlockSpec((bm, bn), lambda i, j: (i, j)),
-        interpret=interpret, name=name, **_launch(bm * bn),
-    )(*padded)
-    return out[:m, :n]
+def mma_tolerance(qa, qb) -> np.ndarray:
+    """:func:`accumulation_tolerance` plus ``2**-8 (|qa| @ |qb|)``: the FP8 tensor
+    cores of Hopper sum the products of a 32-deep chunk in a fixed-point
+    window of about 14 bits (DeepSeek-V3, sec. 3.3.2); with at least 13 bits
+    each of the 32 products loses at most ``2**-13`` of the largest, i.e. at
+    most ``2**-8`` of the chunk's sum of magnitudes. For compiled fp8-mode
+    results on a GPU; interpreted kernels meet :func:`accumulation_tolerance`."""
+    qa64 = np.nan_to_num(np.abs(np.asarray(qa, np.float64)), nan=0.0)
+    qb64 = np.nan_to_num(np.abs(np.asarray(qb, np.float64)), nan=0.0)
+    return accumulation_tolerance(qa, qb) + 2.0**-8 * (qa64 @ qb64)
 
 
 # ----------------------------------------------------------------------------
-# fused kernel: quantize tiles along K, then dot
+# fused
 
 
-def _quantized_tile(x, spec: MXSpec | None, axis: int):
-    if spec is None:
-        return x.astype(jnp.float32)
-    return mxq.fake_quantize_tile(x, spec, axis)
-
-
-def _fused_kernel(a_ref, b_ref, o_ref, *, a_spec, b_spec, bk: int, a_layout: str, b_layout: str):
-    bm, bn = o_ref.shape
-    nk = a_ref.shape[_k_axis(a_layout)] // bk
-    exact_bf16 = a_spec is not None and b_spec is not None
-
-    def body(kk, acc):
-        k0 = pl.multiple_of(kk * bk, bk)
-        a = _quantized_tile(_load_k_slice(a_ref, a_layout, k0, bk), a_spec, _k_axis(a_layout))
-        b = _quantized_tile(_load_k_slice(b_ref, b_layout, k0, bk), b_spec, _k_axis(b_layout))
-        return acc + _tile_dot(a, b, a_layout, b_layout, exact_bf16=exact_bf16)
-
-    acc = jax.lax.fori_loop(0, nk, body, jnp.zeros((bm, bn), jnp.float32))
-    o_ref[...] = acc.astype(o_ref.dtype)
+def _xla_matmul(a, b, a_spec, b_spec, a_layout, b_layout, out_name):
+    """The GEMM with an unquantized operand: XLA quantize + float32 dot at HIGHEST."""
+    qa = a.astype(jnp.float32) if a_spec is None else quantize(a, a_spec, _k_axis(a_layout))
+    qb = b.astype(jnp.float32) if b_spec is None else quantize(b, b_spec, _k_axis(b_layout))
+    dims = (((_k_axis(a_layout),), (_k_axis(b_layout),)), ((), ()))
+    return jax.lax.dot_general(qa, qb, dims, precision=_HIGHEST,
+                               preferred_element_type=jnp.float32).astype(out_name)
 
 
 def mx_matmul(a, b, a_spec: MXSpec | None, b_spec: MXSpec | None, *, out_dtype=jnp.float32,
-              block_sizes: tuple[int, int, int] | None = None, interpret: bool | None = None,
-              a_layout: str = "mk", b_layout: str = "kn") -> jax.Array:
+              block_sizes: tuple[int, int, int] | None = None, config: GemmConfig | None = None,
+              interpret: bool | None = None, a_layout: str = "mk", b_layout: str = "kn") -> jax.Array:
     """Fused MX matmul ``quantize(a, a_spec, K axis) @ quantize(b, b_spec, K axis)``.
 
     Args:
@@ -270,11 +168,12 @@ def mx_matmul(a, b, a_spec: MXSpec | None, b_spec: MXSpec | None, *, out_dtype=j
         or (K, M) with ``a_layout="km"``.
       b: (K, N) float array, or (N, K) with ``b_layout="nk"``.
       a_spec, b_spec: :class:`proxy.MXSpec` (rounding "even" or "away",
-        power-of-two block size) or None for an unquantized operand. Each
-        operand is quantized along K, whichever its layout.
+        power-of-two block size) or None for an unquantized operand (then the
+        GEMM runs in XLA, see the module docstring).
       out_dtype: float32 (default), bfloat16 or float16; accumulation is float32.
-      block_sizes: (bm, bn, bk), powers of two >= 16, bk a multiple of the MX
-        block sizes; None picks :func:`default_block_sizes`.
+      block_sizes: (bm, bn, bk) overriding the tuned tiles: powers of two >= 16,
+        bk a multiple of 32.
+      config: a full :class:`kernels.tuning.GemmConfig` (tiles, warps, stages, order).
       interpret: None (auto: interpreted on CPU), True or False.
       a_layout, b_layout: see above.
 
@@ -295,57 +194,47 @@ def mx_matmul(a, b, a_spec: MXSpec | None, b_spec: MXSpec | None, *, out_dtype=j
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise ValueError(f"{what} must be a float array (float32, bfloat16, float16), got {x.dtype}")
     interp = backend.resolve_interpret(interpret)
-    k_multiple = max([s.block_size for s in (a_spec, b_spec) if s is not None] + [1])
-    block_sizes = _resolve_blocks(block_sizes, m, n, k, k_multiple, interp)
-    return _mx_matmul(a, b, a_spec, b_spec, out_name, block_sizes, interp, a_layout, b_layout)
+    if a_spec is None or b_spec is None:
+        resolve_config(m, n, k, "bf16", interp, block_sizes, config)  # validated all the same
+        return _xla_matmul(a, b, a_spec, b_spec, a_layout, b_layout, out_name)
+    mode = tuning_mode(GEMM_DTYPES[a_spec.element.name], a_spec.block_size, GEMM_DTYPES[b_spec.element.name],
+                       b_spec.block_size)
+    cfg = resolve_config(m, n, k, mode, interp, block_sizes, config)
+    k_multiple = max(cfg.bk, 2 * CHUNK, a_spec.block_size, b_spec.block_size)
+    qa = quantize_operand(a, a_spec, _k_axis(a_layout), row_multiple=cfg.bm, k_multiple=k_multiple, interpret=interp)
+    qb = quantize_operand(b, b_spec, _k_axis(b_layout),
+                          row_multiple=cfg.bn, k_multiple=k_multiple, interpret=interp)
+    return gemm(qa, qb, cfg, out_name, interp)
 
 
-@functools.partial(jax.jit, static_argnums=tuple(range(2, 9)))
-def _mx_matmul(a, b, a_spec, b_spec, out_name, block_sizes, interpret, a_layout, b_layout):
-    bm, bn, bk = block_sizes
-    m, n = _sizes(a, a_layout)[0], _sizes(b, b_layout)[0]
-    kernel = functools.partial(_fused_kernel, a_spec=a_spec, b_spec=b_spec, bk=bk, a_layout=a_layout,
-                               b_layout=b_layout)
-    return _run(kernel, (a, b), (a_layout, b_layout), ((bm, bk), (bn, bk)), m, n, block_sizes, out_name,
-                interpret, "mx_matmul")
-
-
-@functools.partial(jax.jit, static_argnames=("a_spec", "b_spec", "out_dtype", "a_layout", "b_layout"))
 def mx_matmul_reference(a, b, a_spec: MXSpec | None, b_spec: MXSpec | None, *, out_dtype=jnp.float32,
                         a_layout: str = "mk", b_layout: str = "kn") -> jax.Array:
     """Plain JAX: ``proxy.quantize`` both operands along K, ``jnp.dot`` at HIGHEST, float32."""
-    import proxy
-
-    qa = a.astype(jnp.float32) if a_spec is None else proxy.quantize(a, a_spec, _k_axis(a_layout))
-    qb = b.astype(jnp.float32) if b_spec is None else proxy.quantize(b, b_spec, _k_axis(b_layout))
+    qa = a.astype(jnp.float32) if a_spec is None else quantize(a, a_spec, _k_axis(a_layout))
+    qb = b.astype(jnp.float32) if b_spec is None else quantize(b, b_spec, _k_axis(b_layout))
     qa = qa.T if a_layout == "km" else qa
     qb = qb.T if b_layout == "nk" else qb
-    return jnp.dot(qa, qb, precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32).astype(out_dtype)
+    return jnp.dot(qa, qb, precision=_HIGHEST, preferred_element_type=jnp.float32).astype(out_dtype)
 
 
 # ----------------------------------------------------------------------------
-# prequantized kernel: codes + E8M0 scales, dequantized per tile
+# prequantized
 
 
-def _scaled_kernel(ac_ref, as_ref, bc_ref, bs_ref, o_ref, *, a_fmt, b_fmt, a_bs: int, b_bs: int, bk: int,
-                   a_layout: str, b_layout: str):
-    bm, bn = o_ref.shape
-    nk = ac_ref.shape[_k_axis(a_layout)] // bk
-
-    def operand(codes_ref, scales_ref, fmt, bs, layout, kk):
-        k0 = pl.multiple_of(kk * bk, bk)
-        s0 = pl.multiple_of(kk * (bk // bs), bk // bs)
-        codes = _load_k_slice(codes_ref, layout, k0, bk)
-        scales = _load_k_slice(scales_ref, layout, s0, bk // bs)
-        return mxq.decode_tile(codes, scales, fmt, _k_axis(layout), bs)
-
-    def body(kk, acc):
-        a = operand(ac_ref, as_ref, a_fmt, a_bs, a_layout, kk)
-        b = operand(bc_ref, bs_ref, b_fmt, b_bs, b_layout, kk)
-        return acc + _tile_dot(a, b, a_layout, b_layout, exact_bf16=True)
-
-    acc = jax.lax.fori_loop(0, nk, body, jnp.zeros((bm, bn), jnp.float32))
-    o_ref[...] = acc.astype(o_ref.dtype)
+def mx_gemm(a: MXOperand, b: MXOperand, *, out_dtype=jnp.float32, block_sizes=None,
+            config: GemmConfig | None = None, interpret: bool | None = None) -> jax.Array:
+    """``values(a) @ values(b).T`` of two prequantized K-major operands
+    (:func:`kernels.mx_operand.quantize_operand`): (M, N) of ``out_dtype``."""
+    for op, what in ((a, "a"), (b, "b")):
+        if not isinstance(op, MXOperand):
+            raise ValueError(f"{what} must be a kernels.mx_operand.MXOperand, got {type(op).__name__}")
+    if a.k != b.k:
+        raise ValueError(f"contraction sizes differ: a has K={a.k}, b has K={b.k}")
+    out_name = _check_out_dtype(out_dtype)
+    interp = backend.resolve_interpret(interpret)
+    mode = tuning_mode(a.gemm_dtype, a.block_size, b.gemm_dtype, b.block_size)
+    cfg = resolve_config(a.rows, b.rows, a.k, mode, interp, block_sizes, config)
+    return gemm(a, b, cfg, out_name, interp)
 
 
 _CODE_DTYPES = {"fp8_e4m3": jnp.float8_e4m3fn, "fp8_e5m2": jnp.float8_e5m2}
@@ -401,41 +290,37 @@ def _check_scaled(a_codes, a_scales, b_codes, b_scales, a_format, b_format, a_la
 
 def mx_scaled_matmul(a_codes, a_scales, b_codes, b_scales, a_format: str, b_format: str, *,
                      out_dtype=jnp.float32, block_sizes: tuple[int, int, int] | None = None,
-                     interpret: bool | None = None, a_layout: str = "mk", b_layout: str = "kn") -> jax.Array:
+                     config: GemmConfig | None = None, interpret: bool | None = None, a_layout: str = "mk",
+                     b_layout: str = "kn") -> jax.Array:
     """Matmul of prequantized MX operands (codes + E8M0 scales), float32 accumulation.
 
     Args:
-      a_codes: (M, K) uint8 codes (or float8 of a_format), K whole blocks;
-        (K, M) with ``a_layout="km"``.
+      a_codes: (M, K) uint8 codes in the ml_dtypes layout (or float8 of
+        a_format), K whole blocks; (K, M) with ``a_layout="km"``.
       a_scales: (M, K/bs_a) uint8 or float8_e8m0fnu; (K/bs_a, M) with "km".
       b_codes: (K, N) codes, or (N, K) with ``b_layout="nk"``.
       b_scales: (K/bs_b, N), or (N, K/bs_b) with ``b_layout="nk"``.
       a_format, b_format: element format names (see ``kernels.mx_quantize.MX_FORMATS``).
-      out_dtype, block_sizes, interpret: as for :func:`mx_matmul`.
+      out_dtype, block_sizes, config, interpret: as for :func:`mx_matmul`.
 
     Returns:
       (M, N) ``sum_k dequant(a)[m, k] * dequant(b)[k, n]``; the dequantized
-      values are exactly those of ``kernels.mx_quantize.dequantize``.
+      values are exactly those of ``kernels.mx_quantize.dequantize``. The codes
+      are converted to GEMM operands with XLA first (FP6 to E4M3 codes by a
+      64-entry table, FP4 packed, K-major); prequantized
+      :class:`~kernels.mx_operand.MXOperand` s skip that (:func:`mx_gemm`).
     """
     a_fmt, b_fmt, ac, asc, bc, bsc, a_bs, b_bs, (m, n, k) = _check_scaled(
         a_codes, a_scales, b_codes, b_scales, a_format, b_format, a_layout, b_layout)
     out_name = _check_out_dtype(out_dtype)
     interp = backend.resolve_interpret(interpret)
-    block_sizes = _resolve_blocks(block_sizes, m, n, k, max(a_bs, b_bs), interp)
-    return _mx_scaled_matmul(ac, asc, bc, bsc, a_fmt, b_fmt, a_bs, b_bs, out_name, block_sizes, interp,
-                             a_layout, b_layout)
-
-
-@functools.partial(jax.jit, static_argnums=tuple(range(4, 13)))
-def _mx_scaled_matmul(ac, asc, bc, bsc, a_fmt, b_fmt, a_bs, b_bs, out_name, block_sizes, interpret, a_layout,
-                      b_layout):
-    bm, bn, bk = block_sizes
-    m, n = _sizes(ac, a_layout)[0], _sizes(bc, b_layout)[0]
-    kernel = functools.partial(_scaled_kernel, a_fmt=a_fmt, b_fmt=b_fmt, a_bs=a_bs, b_bs=b_bs, bk=bk,
-                               a_layout=a_layout, b_layout=b_layout)
-    return _run(kernel, (ac, asc, bc, bsc), (a_layout, a_layout, b_layout, b_layout),
-                ((bm, bk), (bm, bk // a_bs), (bn, bk), (bn, bk // b_bs)), m, n, block_sizes, out_name,
-                interpret, "mx_scaled_matmul")
+    mode = tuning_mode(GEMM_DTYPES[a_fmt.name], a_bs, GEMM_DTYPES[b_fmt.name], b_bs)
+    cfg = resolve_config(m, n, k, mode, interp, block_sizes, config)
+    k_multiple = max(cfg.bk, 2 * CHUNK, a_bs, b_bs)
+    qa = operand_from_codes(ac, asc, a_fmt.name, a_bs, _k_axis(a_layout), row_multiple=cfg.bm, k_multiple=k_multiple)
+    qb = operand_from_codes(bc, bsc, b_fmt.name, b_bs, _k_axis(b_layout), row_multiple=cfg.bn,
+                            k_multiple=k_multiple)
+    return gemm(qa, qb, cfg, out_name, interp)
 
 
 def mx_scaled_matmul_reference(a_codes, a_scales, b_codes, b_scales, a_format: str, b_format: str, *,
@@ -451,8 +336,7 @@ def mx_scaled_matmul_reference(a_codes, a_scales, b_codes, b_scales, a_format: s
     qb = mxq.dequantize_reference(mxq.MXTensor(bc, bsc, b_fmt.name, b_bs, kb, bc.shape[kb]))
     qa = qa.T if a_layout == "km" else qa
     qb = qb.T if b_layout == "nk" else qb
-    out = jnp.dot(jnp.asarray(qa), jnp.asarray(qb), precision=jax.lax.Precision.HIGHEST,
-                  preferred_element_type=jnp.float32)
+    out = jnp.dot(jnp.asarray(qa), jnp.asarray(qb), precision=_HIGHEST, preferred_element_type=jnp.float32)
     return out.astype(out_dtype)
 
 
@@ -460,21 +344,9 @@ def mx_scaled_matmul_reference(a_codes, a_scales, b_codes, b_scales, a_format: s
 # the entry point for proxy.layers
 
 
-def _pad_k(t: mxq.MXTensor, kp: int):
-    """Codes and scales of a packed matrix zero-padded along its block axis to kp elements."""
-    extra = kp - t.codes.shape[t.axis]
-    if not extra:
-        return t.codes, t.scales
-    widths = [(0, 0), (0, 0)]
-    widths[t.axis] = (0, extra)
-    swidths = [(0, 0), (0, 0)]
-    swidths[t.axis] = (0, extra // t.block_size)
-    return jnp.pad(t.codes, widths), jnp.pad(t.scales, swidths)
-
-
 def mx_dot(a, b, a_spec: MXSpec | None, b_spec: MXSpec | None, *, a_contract_axis: int = -1,
            b_contract_axis: int = 0, out_dtype=jnp.float32, method: str = "fused", block_sizes=None,
-           interpret: bool | None = None):
+           config: GemmConfig | None = None, interpret: bool | None = None):
     """One MX GEMM for the dense layer, each operand MX-quantized along K.
 
     Args:
@@ -483,13 +355,14 @@ def mx_dot(a, b, a_spec: MXSpec | None, b_spec: MXSpec | None, *, a_contract_axi
         (e.g. activations ``x (batch, in)`` in the wgrad ``x.T @ g``).
       b: (K, N) with ``b_contract_axis=0``, or (N, K) with 1 (e.g. a weight
         ``w (in, out)`` in the dgrad ``g @ w.T``).
-      a_spec, b_spec: MXSpec or None (unquantized operand).
+      a_spec, b_spec: MXSpec or None (an unquantized operand: XLA, not Pallas).
       out_dtype: float32, bfloat16 or float16.
-      method: ``"fused"`` (quantize inside the matmul tiles; any spec may be
-        None) or ``"two_pass"`` (``quantize_packed`` both operands with the
-        quantize kernel, then :func:`mx_scaled_matmul`; needs both specs).
-        Both give the same numbers up to float32 summation order.
-      block_sizes, interpret: passed on.
+      method: ``"fused"`` (:func:`mx_matmul`: the quantize kernel writes GEMM
+        operands, the GEMM kernel reads them) or ``"two_pass"`` (the public
+        packed form in between: :func:`kernels.mx_quantize.quantize_packed`,
+        then :func:`mx_scaled_matmul`; needs both specs). Both give the same
+        numbers bit for bit (same operands, same tiles).
+      block_sizes, config, interpret: passed on.
 
     Returns:
       (..., N) array, or (M, N) for ``a_contract_axis=0``. No transposes are
@@ -508,7 +381,7 @@ def mx_dot(a, b, a_spec: MXSpec | None, b_spec: MXSpec | None, *, a_contract_axi
         a2, lead, a_layout = a.reshape(-1, a.shape[-1]), a.shape[:-1], "mk"
     b_layout = "kn" if b_contract_axis == 0 else "nk"
     if method == "fused":
-        out = mx_matmul(a2, b, a_spec, b_spec, out_dtype=out_dtype, block_sizes=block_sizes,
+        out = mx_matmul(a2, b, a_spec, b_spec, out_dtype=out_dtype, block_sizes=block_sizes, config=config,
                         interpret=interpret, a_layout=a_layout, b_layout=b_layout)
     else:
         if a_spec is None or b_spec is None:
@@ -516,11 +389,22 @@ def mx_dot(a, b, a_spec: MXSpec | None, b_spec: MXSpec | None, *, a_contract_axi
                              "method='fused'")
         b = _check_matrix(b, "b")
         _check_mnk(a2, b, a_layout, b_layout)
-        qa = mxq.quantize_packed(a2, mxq.check_spec(a_spec, "a_spec"), _k_axis(a_layout), interpret=interpret)
-        qb = mxq.quantize_packed(b, mxq.check_spec(b_spec, "b_spec"), _k_axis(b_layout), interpret=interpret)
-        kp = max(qa.codes.shape[qa.axis], qb.codes.shape[qb.axis])  # whole blocks of both block sizes
-        ac, asc = _pad_k(qa, kp)
-        bc, bsc = _pad_k(qb, kp)
-        out = mx_scaled_matmul(ac, asc, bc, bsc, qa.element, qb.element, out_dtype=out_dtype,
-                               block_sizes=block_sizes, interpret=interpret, a_layout=a_layout, b_layout=b_layout)
+        ta = mxq.quantize_packed(a2, mxq.check_spec(a_spec, "a_spec"), _k_axis(a_layout), interpret=interpret)
+        tb = mxq.quantize_packed(b, mxq.check_spec(b_spec, "b_spec"), _k_axis(b_layout), interpret=interpret)
+        kp = max(ta.codes.shape[ta.axis], tb.codes.shape[tb.axis])  # whole blocks of both block sizes
+        out = mx_scaled_matmul(*_pad_k(ta, kp), *_pad_k(tb, kp), ta.element, tb.element, out_dtype=out_dtype,
+                               block_sizes=block_sizes, config=config, interpret=interpret, a_layout=a_layout,
+                               b_layout=b_layout)
     return out if a_contract_axis == 0 else out.reshape(tuple(lead) + out.shape[-1:])
+
+
+def _pad_k(t: mxq.MXTensor, kp: int):
+    """Codes and scales of a packed matrix padded along its block axis to kp elements (zero codes, scale 2**0)."""
+    extra = kp - t.codes.shape[t.axis]
+    if not extra:
+        return t.codes, t.scales
+    widths = [(0, 0), (0, 0)]
+    widths[t.axis] = (0, extra)
+    swidths = [(0, 0), (0, 0)]
+    swidths[t.axis] = (0, extra // t.block_size)
+    return jnp.pad(t.codes, widths), jnp.pad(t.scales, swidths, constant_values=ZERO_BLOCK_SCALE)

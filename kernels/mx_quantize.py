@@ -1,19 +1,19 @@
 """Packed MX tensors: a Pallas kernel that quantizes to element codes + E8M0
-scales, the matching dequantize kernel, and the tile-level bit arithmetic that
-every kernel in this package shares.
+scales, the matching dequantize kernel, and the tile-level wrappers through
+which every kernel body calls the shared MX arithmetic of :mod:`proxy.mx`.
 
 Semantics are exactly those of :func:`proxy.quantize` (read its module
 docstring): per block of ``spec.block_size`` elements along the block axis,
 ``e`` from the block's amax (scale rule ``"floor"`` or ``"rceil"``), clamped
 below at -127, NaN block when ``e > 127`` or the block holds a NaN/Inf;
 elements saturated to ``max_normal * 2**e`` and rounded (``"even"`` or
-``"away"``; stochastic rounding is not offered here). Like proxy's fast path,
-everything is integer arithmetic on float32 bit patterns, so it is exact on
-XLA CPU (which flushes float32 subnormals and cannot compile FP6 casts) and
-lowers to Triton (bitcasts, ``clz``, variable shifts, unsigned compares).
-This module deliberately does not import proxy's private helpers (they are
-being reworked); it is tested bit for bit against ``proxy.quantize`` and an
-independent ml_dtypes oracle instead.
+``"away"``; stochastic rounding is not offered here). The arithmetic is not
+re-implemented here: :func:`quantize_tile` calls the very functions that
+``proxy.quantize`` runs under XLA (:mod:`proxy.mx.scale` for the scale,
+:mod:`proxy.mx.element` for rounding and codes) on a kernel tile. They are
+integer operations on float32 bit patterns, exact on XLA CPU and lowerable
+to Triton; the tests still compare every kernel bit for bit with
+``proxy.quantize`` and with an independent ml_dtypes oracle.
 
 Packed layout (:class:`MXTensor`), for an input of shape ``S`` blocked along
 ``axis``:
@@ -36,7 +36,8 @@ Packed layout (:class:`MXTensor`), for an input of shape ``S`` blocked along
 The dequantized value of a code is ``element * 2**(scale - 127)`` as the
 exact float32 bit pattern (subnormal float32 results included), computed
 with integer ops; so ``dequantize(quantize_packed(x))`` equals
-``proxy.quantize(x)`` bit for bit.
+``proxy.quantize(x)`` bit for bit. (The GEMM operand form, K-major with FP8
+containers and packed FP4, is :mod:`kernels.mx_operand`.)
 """
 
 from __future__ import annotations
@@ -53,26 +54,21 @@ from jax.experimental import pallas as pl
 from kernels import backend
 from proxy import formats as _formats
 from proxy.formats import ElementFormat
-from proxy.quantize import MXSpec
+from proxy.mx import bits as B
+from proxy.mx import element, scale
+from proxy.mx.layout import normalize_axis, split_blocks
+from proxy.quantize import MXSpec, quantize, quantize_stats
 
 __all__ = [
     "MXTensor", "MX_FORMATS", "ROUNDINGS", "check_spec", "quantize_packed", "dequantize",
-    "quantize_packed_reference", "dequantize_reference", "quantize_tile", "decode_tile",
-    "encode_tile", "NAN_SCALE",
+    "quantize_packed_reference", "dequantize_reference", "quantize_tile", "fake_quantize_tile", "decode_tile",
+    "encode_tile", "scale_bytes", "NAN_SCALE",
 ]
 
 MX_FORMATS = tuple(n for n in _formats.names() if not _formats.get(n).is_vector)
 ROUNDINGS = ("even", "away")  # deterministic roundings the kernels implement
-NAN_SCALE = 0xFF  # E8M0 NaN
-SCALE_BIAS = 127
-
-_ABS = np.uint32(0x7FFFFFFF)
-_SIGN = np.uint32(0x80000000)
-_INF = np.uint32(0x7F800000)
-_QNAN = np.uint32(0x7FC00000)  # the NaN proxy.quantize writes (bit-identical)
-_MANT = np.uint32(0x007FFFFF)
-_HIDDEN = np.uint32(0x00800000)
-_HALF = np.uint32(0x80000000)  # 1/2 as a 32-bit fixed-point fraction
+NAN_SCALE = scale.E8M0_NAN
+SCALE_BIAS = scale.E8M0_BIAS
 
 
 # ----------------------------------------------------------------------------
@@ -117,91 +113,7 @@ def check_spec(spec, what: str = "spec") -> MXSpec | None:
 
 
 # ----------------------------------------------------------------------------
-# tile-level bit arithmetic (pure jnp; runs inside kernel bodies and outside)
-
-
-def _u32(v):
-    return jnp.asarray(v, jnp.uint32)
-
-
-def _shift_amount(k):
-    """int32 shift count -> uint32 clipped to [0, 31] (wider shifts are undefined in Triton/PTX)."""
-    return jnp.clip(k, 0, 31).astype(jnp.uint32)
-
-
-def _floor_log2(a):
-    """Exact floor(log2) of nonzero float32 magnitude bits ``a`` (subnormals too); int32."""
-    field = (a >> 23).astype(jnp.int32)
-    return jnp.where(field > 0, field - 127, -118 - jax.lax.clz(a).astype(jnp.int32))
-
-
-def _significand(a):
-    """(integer significand < 2**24, exponent of its last bit) of float32 magnitude bits."""
-    field = (a >> 23).astype(jnp.int32)
-    sig = jnp.where(field > 0, (a & _MANT) | _HIDDEN, a)
-    return sig, jnp.maximum(field, 1) - 150
-
-
-def _pow2_bits(k):
-    """float32 bits of 2**k for int32 k in [-149, 127] (subnormal below -126)."""
-    normal = jnp.clip(k + 127, 1, 254).astype(jnp.uint32) << 23
-    sub = _u32(1) << _shift_amount(k + 149)
-    return jnp.where(k >= -126, normal, sub)
-
-
-def _max_normal_bits(fmt: ElementFormat, e):
-    """float32 bits of ``max_normal * 2**e`` (exact, also when subnormal); +Inf
-    when it exceeds float32 (rceil scales near float32 max: nothing saturates)."""
-    m = fmt.mantissa_bits
-    top = e + fmt.emax
-    frac = np.uint32((fmt.max_significand - (1 << m)) << (23 - m))
-    normal = (jnp.clip(top + 127, 1, 254).astype(jnp.uint32) << 23) | frac
-    sub = _u32(fmt.max_significand) << _shift_amount(top - m + 149)
-    return jnp.where(top > 127, _INF, jnp.where(top >= -126, normal, sub))
-
-
-def _scale_exponent(amax, fmt: ElementFormat, scale_rule: str):
-    """Shared exponent e (int32) and NaN-block flag from a block's amax bits."""
-    field = (amax >> 23).astype(jnp.int32)
-    e = jnp.maximum(jnp.where(field > 0, field - 127, -127) - fmt.emax, -127)
-    if scale_rule == "rceil":
-        e = e + (amax > _max_normal_bits(fmt, e)).astype(jnp.int32)
-    return e, (amax >= _INF) | (e > 127)
-
-
-def _round_magnitude(a, e, fmt: ElementFormat, rounding: str):
-    """Round float32 magnitude bits ``a`` (already saturated) onto the grid of
-    ``fmt`` scaled by ``2**e``; returns uint32 bits.
-
-    With ``s`` the exponent of the grid step at ``a`` and ``d = s - ulp(a)``
-    (>= 6 for every MX format), the kept part is ``sig >> d`` and the dropped
-    part a 32-bit fixed-point fraction; ties-to-even looks at the parity of
-    ``sig >> d``, the kept integer itself (hidden bit included).
-    """
-    m = fmt.mantissa_bits
-    sig, ulp = _significand(a)
-    ex = _floor_log2(a)  # a == 0 gives -150: harmless, sig is 0
-    s = jnp.maximum(ex, fmt.emin + e) - m
-    d = s - ulp
-    dd = _shift_amount(d)
-    low_mask = (_u32(1) << dd) - np.uint32(1)
-    frac = jnp.where(d <= 32, (sig & low_mask) << _shift_amount(32 - d), sig >> _shift_amount(d - 32))
-    if rounding == "even":
-        odd = ((sig >> dd) & np.uint32(1)) == 1
-        up = (frac > _HALF) | ((frac == _HALF) & odd)
-    elif rounding == "away":
-        up = frac >= _HALF
-    else:  # pragma: no cover - check_spec refuses it
-        raise ValueError(f"rounding {rounding!r}; valid: {', '.join(ROUNDINGS)}")
-    small = d <= 23  # the step lies inside a's mantissa field: round in the bit domain
-    floor_bits = jnp.where(small, a & ~low_mask, np.uint32(0))
-    step_bits = jnp.where(small, _u32(1) << dd, _pow2_bits(s))
-    return floor_bits + jnp.where(up, step_bits, np.uint32(0))
-
-
-def _split_blocks(x, axis: int, block_size: int):
-    shape = x.shape
-    return x.reshape(shape[:axis] + (shape[axis] // block_size, block_size) + shape[axis + 1:])
+# tile-level wrappers around proxy.mx (run inside kernel bodies and outside)
 
 
 def quantize_tile(x, spec: MXSpec, axis: int):
@@ -219,71 +131,29 @@ def quantize_tile(x, spec: MXSpec, axis: int):
       ``x.shape[:axis] + (blocks, 1) + x.shape[axis+1:]``.
     """
     fmt = spec.element
-    bits = _split_blocks(jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32), axis, spec.block_size)
-    a = bits & _ABS
-    amax = jnp.max(a, axis=axis + 1, keepdims=True)
-    e, nan = _scale_exponent(amax, fmt, spec.scale_rule)
-    q = _round_magnitude(jnp.minimum(a, _max_normal_bits(fmt, e)), e, fmt, spec.rounding)
-    q = jnp.where(nan, _QNAN, q | (bits & _SIGN))
+    bits = split_blocks(B.b32(x.astype(jnp.float32)), axis, spec.block_size)
+    a = bits & B.ABS
+    e, nan = scale.block_exponent(jnp.max(a, axis=axis + 1, keepdims=True), fmt, spec.scale_rule)
+    blk = scale.block_quantities(e, nan, fmt)
+    q = element.quantize_magnitudes(bits, a, blk, fmt, spec.rounding)
     return q.reshape(x.shape), e, nan
 
 
 def fake_quantize_tile(x, spec: MXSpec, axis: int):
     """float32 values of :func:`quantize_tile` (what ``proxy.quantize`` returns)."""
-    return jax.lax.bitcast_convert_type(quantize_tile(x, spec, axis)[0], jnp.float32)
-
-
-def _nan_code(fmt: ElementFormat) -> int:
-    return 0x7F if fmt.has_nan else 0
+    return B.f32(quantize_tile(x, spec, axis)[0])
 
 
 def encode_tile(q, e, nan, fmt: ElementFormat, axis: int, block_size: int):
-    """Element codes (uint8) of quantized bits ``q`` with block exponents ``e``.
-
-    ``q, e, nan`` as returned by :func:`quantize_tile`. Every finite q is
-    ``k * 2**s`` with an integer k on the element grid; the code is built
-    from k and s (see the module docstring for the byte layout).
-    """
-    qb = _split_blocks(q, axis, block_size)
-    a = qb & _ABS
-    sign = qb >> 31
-    sig, ulp = _significand(a)
-    m = fmt.mantissa_bits
-    if fmt.is_integer:
-        s = e - m
-    else:
-        s = jnp.maximum(_floor_log2(a), fmt.emin + e) - m
-    k = sig >> _shift_amount(s - ulp)  # exact: q is a multiple of 2**s; 0 stays 0
-    if fmt.is_integer:
-        code = (sign << 7) | k
-    else:
-        field = (s + m - e - fmt.emin + 1).astype(jnp.uint32)  # biased element exponent of a normal k
-        normal = k >= (1 << m)
-        code = jnp.where(normal, (field << m) | (k & np.uint32((1 << m) - 1)), k)
-        code = code | (sign << (fmt.exponent_bits + m))
-    code = jnp.where(nan, np.uint32(_nan_code(fmt)), code)
+    """Element codes (uint8, ml_dtypes layout) of quantized bits ``q`` with
+    block exponents ``e`` and NaN flags ``nan`` as returned by :func:`quantize_tile`."""
+    code = element.encode(split_blocks(q, axis, block_size), e, nan, fmt)
     return code.astype(jnp.uint8).reshape(q.shape)
 
 
 def scale_bytes(e, nan):
     """E8M0 bytes (uint8) of block exponents: ``e + 127``, or 255 for a NaN block."""
-    return jnp.where(nan, NAN_SCALE, e + SCALE_BIAS).astype(jnp.uint8)
-
-
-def _compose_bits(k, exp):
-    """float32 bits of ``k * 2**exp`` for integers 0 <= k < 2**24 (uint32), int32 exp.
-
-    Exact whenever the value is representable (subnormals included); above
-    the float32 range: Inf; below 2**-149: truncated (never reached from
-    MX codes, whose smallest value is 2**-143).
-    """
-    nb = 32 - jax.lax.clz(k).astype(jnp.int32)  # bit length of k
-    top = exp + nb - 1  # floor(log2 value)
-    normal = (jnp.clip(top + 127, 1, 254).astype(jnp.uint32) << 23) | ((k << _shift_amount(24 - nb)) & _MANT)
-    sub = jnp.where(exp >= -149, k << _shift_amount(exp + 149), k >> _shift_amount(-149 - exp))
-    bits = jnp.where(top >= -126, normal, sub)
-    bits = jnp.where(top > 127, _INF, bits)
-    return jnp.where(k == 0, np.uint32(0), bits)
+    return scale.e8m0_bytes(e, nan)
 
 
 def decode_tile(codes, scales, fmt: ElementFormat, axis: int, block_size: int):
@@ -297,34 +167,9 @@ def decode_tile(codes, scales, fmt: ElementFormat, axis: int, block_size: int):
     Returns:
       float32 array of codes' shape.
     """
-    c = _split_blocks(codes.astype(jnp.uint32), axis, block_size)
-    sc = jnp.expand_dims(scales.astype(jnp.int32), axis + 1)
-    m = fmt.mantissa_bits
-    if fmt.is_integer:
-        sign = c >> 7
-        k = c & np.uint32(0x7F)
-        lsb = jnp.full(c.shape, -m, jnp.int32)
-        special = None
-    else:
-        ebits = fmt.exponent_bits
-        sign = (c >> (ebits + m)) & np.uint32(1)
-        field = ((c >> m) & np.uint32((1 << ebits) - 1)).astype(jnp.int32)
-        mant = c & np.uint32((1 << m) - 1)
-        k = jnp.where(field > 0, mant | np.uint32(1 << m), mant)
-        lsb = jnp.maximum(field, 1) + (fmt.emin - 1 - m)
-        top_field = (1 << ebits) - 1
-        if fmt.has_inf:  # IEEE-like (E5M2): all-ones exponent is Inf (mant 0) or NaN
-            special = jnp.where(field == top_field, jnp.where(mant == 0, _INF, _QNAN), np.uint32(0))
-        elif fmt.has_nan:  # E4M3 "fn": only S.1111.111 is NaN
-            special = jnp.where((field == top_field) & (mant == np.uint32((1 << m) - 1)), _QNAN, np.uint32(0))
-        else:
-            special = None
-    bits = _compose_bits(k, lsb + (sc - SCALE_BIAS))
-    if special is not None:
-        bits = jnp.where(special != 0, special, bits)
-    bits = bits | (sign << 31)
-    bits = jnp.where(sc == NAN_SCALE, _QNAN, bits)
-    return jax.lax.bitcast_convert_type(bits, jnp.float32).reshape(codes.shape)
+    c = split_blocks(codes, axis, block_size)
+    bits = element.decode(c, jnp.expand_dims(scales, axis + 1), fmt)
+    return B.f32(bits).reshape(codes.shape)
 
 
 # ----------------------------------------------------------------------------
@@ -387,14 +232,6 @@ class MXTensor:
 # layout helpers shared by the quantize and dequantize kernels
 
 
-def _normalize_axis(axis, ndim: int) -> int:
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
-        raise ValueError(f"axis must be an integer, got {axis!r}")
-    if not -ndim <= axis < ndim:
-        raise ValueError(f"axis {axis} is out of range for rank {ndim} (valid: {-ndim}..{ndim - 1})")
-    return int(axis) % ndim
-
-
 def _as_3d(shape, axis):
     """(rows before axis, axis length, columns after axis)."""
     return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
@@ -449,7 +286,7 @@ def quantize_packed(x, spec: MXSpec, axis: int = -1, *, interpret: bool | None =
         raise ValueError(f"quantize_packed needs a real array of rank >= 1, got {x.dtype}{list(x.shape)}")
     if not jnp.issubdtype(x.dtype, jnp.floating) or x.dtype.itemsize > 4:
         x = x.astype(jnp.float32)
-    ax = _normalize_axis(axis, x.ndim)
+    ax = normalize_axis(axis, x.ndim)
     interp = backend.resolve_interpret(interpret)
     bs = spec.block_size
     rows, length, cols = _as_3d(x.shape, ax)
@@ -542,13 +379,11 @@ def quantize_packed_reference(x, spec: MXSpec, axis: int = -1) -> MXTensor:
     Codes: element values ``q / 2**e`` cast to the ml_dtypes type (exact: they
     lie on the element grid) and viewed as bytes.
     """
-    import proxy
-
     spec = check_spec(spec)
     x = np.asarray(x, np.float32)
-    ax = _normalize_axis(axis, x.ndim)
-    q = np.asarray(proxy.quantize(jnp.asarray(x), spec, ax)).astype(np.float64)
-    e = np.asarray(proxy.quantize_stats(jnp.asarray(x), spec, ax).scale_exponent)
+    ax = normalize_axis(axis, x.ndim)
+    q = np.asarray(quantize(jnp.asarray(x), spec, ax)).astype(np.float64)
+    e = np.asarray(quantize_stats(jnp.asarray(x), spec, ax).scale_exponent)
     bs, n = spec.block_size, x.shape[ax]
     nb = -(-n // bs)
     pad = [(0, 0)] * x.ndim
@@ -564,7 +399,7 @@ def quantize_packed_reference(x, spec: MXSpec, axis: int = -1) -> MXTensor:
         codes = (np.signbit(elem).astype(np.uint8) << 7) | k.astype(np.uint8)
     else:
         codes = elem.astype(fmt.dtype).view(np.uint8)
-    codes = np.where(nan, np.uint8(_nan_code(fmt)), codes).astype(np.uint8)
+    codes = np.where(nan, np.uint8(element.nan_code(fmt)), codes).astype(np.uint8)
     scales = np.where(e == 128, NAN_SCALE, e + SCALE_BIAS).astype(np.uint8)
     return MXTensor(jnp.asarray(codes), jnp.asarray(scales), fmt.name, bs, ax, n)
 
@@ -584,3 +419,4 @@ def dequantize_reference(t: MXTensor) -> np.ndarray:
     idx = [slice(None)] * out.ndim
     idx[t.axis] = slice(0, t.length)
     return out[tuple(idx)]
+

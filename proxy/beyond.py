@@ -14,7 +14,7 @@ changes -- a recipe, an architecture, a stability controller -- trained in two
 
 :func:`runs` trains (or loads from the run store, like :mod:`proxy.paper`)
 every (system, setting, seed); the seeds of one system and setting share one
-compiled program (``proxy.experiments.sweep``). :func:`table` turns them into
+compiled program (``proxy.sweep``). :func:`table` turns them into
 one row per run: final loss, its ratio to FP32's, whether and when the run
 diverged, and the fraction of the GEMM work that ran in low precision.
 
@@ -42,16 +42,16 @@ from typing import Any, Iterable, Mapping, NamedTuple
 import numpy as np
 import pandas as pd
 
-from proxy import diagnostics
-from proxy import experiments as ex
+from proxy import diagnostics, runner
 from proxy import recipe as _recipes
 from proxy.config import Config
 from proxy.controllers import GNMR
 from proxy.model import fc1_width, hidden_width, layer_names
-from proxy.paper import _scale, instability, store
+from proxy.analysis import instability
+from proxy.scales import get as _scale
 from proxy.run import Run
 
-__all__ = ["SYSTEMS", "FAMILIES", "SETTINGS", "GNMR_SETTINGS", "SMOKE_SYSTEMS", "NEW_RECIPES", "Key", "systems_for",
+__all__ = ["SYSTEMS", "FAMILIES", "SETTINGS", "GNMR_SETTINGS", "NEW_RECIPES", "Key", "systems_for",
            "config", "runs", "gemm_precision", "low_precision_frac", "table", "transpose_mismatch",
            "weight_disagreement"]
 
@@ -99,9 +99,6 @@ FAMILIES: Mapping[str, str] = MappingProxyType({
     "gnmr + mxfp8_e4m3": "GNMR", "gnmr + mxfp4": "GNMR",
 })
 
-SMOKE_SYSTEMS = ("fp32", "mxfp4", "ln_exempt", "mxfp4_2d", "nvfp4", "ngpt + nvfp4", "gnmr + mxfp4")
-"""The systems of the smoke scale (CI): the reference and one per family."""
-
 SETTINGS = ("base", "stress")
 NEW_RECIPES = ("mxfp8_2d", "mxfp4_2d", "nvfp4", "nvfp4_2d")
 _NGPT_REFERENCE = "ngpt (fp32)"
@@ -133,14 +130,14 @@ def _check_setting(setting: str) -> str:
     return setting
 
 
-def systems_for(scale=None) -> tuple[str, ...]:
-    """The systems trained at this scale: :data:`SMOKE_SYSTEMS` at smoke,
-    every one of :data:`SYSTEMS` otherwise."""
+def systems_for(scale="quick") -> tuple[str, ...]:
+    """The systems trained at this scale: its ``beyond_systems``, or every one
+    of :data:`SYSTEMS` when that is ``None``."""
     s = _scale(scale)
-    return SMOKE_SYSTEMS if s.name == "smoke" else tuple(SYSTEMS)
+    return tuple(SYSTEMS) if s.beyond_systems is None else _check_systems(s.beyond_systems)
 
 
-def config(system: str, scale=None, setting: str = "base") -> Config:
+def config(system: str, scale="quick", setting: str = "base") -> Config:
     """The config of ``system`` in ``setting`` (seed: the base config's; the
     stress setting sweeps ``Scale.stress_seeds``).
 
@@ -154,7 +151,7 @@ def config(system: str, scale=None, setting: str = "base") -> Config:
     return cfg.replace(**s.stress) if setting == "stress" else cfg
 
 
-def runs(scale=None, *, systems: Iterable[str] | None = None, settings: Iterable[str] = SETTINGS,
+def runs(scale="quick", *, store=None, systems: Iterable[str] | None = None, settings: Iterable[str] = SETTINGS,
          progress: bool = True) -> dict[Key, Run]:
     """Train (or load from the run store) every system of the scale (or
     ``systems``) in each setting: ``base`` on the base config's seed,
@@ -173,7 +170,7 @@ def runs(scale=None, *, systems: Iterable[str] | None = None, settings: Iterable
         for name in names:
             cfg = config(name, s, setting)
             seeds = [cfg.seed] if setting == "base" else list(s.stress_seeds)
-            sw = ex.sweep(cfg, store=store(), progress=progress, seed=seeds)
+            sw = runner.sweep(cfg, store=store, progress=progress, seed=seeds)
             for seed, run in zip(seeds, sw.runs):
                 out[Key(name, setting, int(seed))] = run
     return out
@@ -268,7 +265,7 @@ def table(runs_: Mapping) -> pd.DataFrame:
     stop: non-finite loss or a 100× one-step spike; ``<NA>`` if stable),
     ``fp32_diverged_at`` (the fp32 run's, same setting and seed),
     ``blowup_at`` (first loss 10× above its recent minimum,
-    :func:`proxy.paper.instability`); ``steps`` (configured) and
+    :func:`proxy.analysis.instability`); ``steps`` (configured) and
     ``steps_run`` (steps before any divergence); ``low_precision_frac`` and ``fp4_frac``
     (:func:`low_precision_frac`); ``promotions`` (GNMR promote events,
     0 without a controller).

@@ -34,10 +34,9 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import jax
-import numpy as np
 import pandas as pd
 
-from proxy import experiments as ex
+from proxy import interventions, runner
 from proxy import scales as _scales
 from proxy import store as _store
 from proxy.config import Config
@@ -181,9 +180,11 @@ def load_results(results: str | os.PathLike, kinds: Iterable[str] = KINDS) -> li
 
 
 def run(scale: str | _scales.Scale, out: str | os.PathLike, *, kinds: Iterable[str] = KINDS,
-        widths: Iterable[int] | None = None, progress: bool = True, log: Callable[[str], None] = print) -> pd.DataFrame:
-    """Train (or load) every run of the scale's campaign into ``out/runs`` and
-    export each to ``out/results`` as soon as it is done; returns the index.
+        widths: Iterable[int] | None = None, progress: bool = True, store: bool = True,
+        log: Callable[[str], None] = print) -> pd.DataFrame:
+    """Train (or load) every run of the scale's campaign into ``out/runs`` (or
+    memory only with ``store=False``) and export each to ``out/results`` as
+    soon as it is done; returns the index.
 
     ``kinds``: the parts to run (``grid``, ``paired``, ``control``,
     ``intervention``); ``widths``: only these widths. Runs of one width and
@@ -194,7 +195,7 @@ def run(scale: str | _scales.Scale, out: str | os.PathLike, *, kinds: Iterable[s
     s = scale if isinstance(scale, _scales.Scale) else _scales.get(scale)
     kinds = _check_kinds(kinds)
     out = Path(out).resolve()
-    store, results = out / "runs", out / "results"
+    store, results = (out / "runs" if store else None), out / "results"
     entries = plan(s, kinds)
     if widths is not None:
         widths = set(widths)
@@ -204,37 +205,59 @@ def run(scale: str | _scales.Scale, out: str | os.PathLike, *, kinds: Iterable[s
         key = (e.kind, e.config.replace(lr=1.0, seed=0, reference_seed=None))
         groups.setdefault(key, []).append(e)
     t0 = time.perf_counter()
-    for (kind, _), members in groups.items():
-        log(f"[campaign {s.name}] {kind}: {', '.join(m.label for m in members)}")
-        sw = ex.sweep(members[0].config, store=store, progress=progress,
-                      lr=[m.config.lr for m in members]) if _lr_only(members) else None
-        trained = list(sw.runs) if sw is not None else [ex.train(m.config, store=store, progress=progress)
-                                                        for m in members]
-        for m, r in zip(members, trained):
-            export(r, m.label, kind, results)
-            status = f"diverged at {r.diverged_at}" if r.diverged_at is not None else "stable"
-            log(f"  {m.label}: final loss {r.final_loss:.4g}, {status} ({time.perf_counter() - t0:.0f}s)")
     c = s.campaign
+
+    def train_groups(kind):
+        for (k, _), members in groups.items():
+            if k != kind:
+                continue
+            log(f"[campaign {s.name}] {kind}: {', '.join(m.label for m in members)}")
+            if _lr_only(members):
+                trained = list(runner.sweep(members[0].config, store=store, progress=progress,
+                                            lr=[m.config.lr for m in members]).runs)
+            else:
+                trained = [runner.train(m.config, store=store, progress=progress) for m in members]
+            for m, r in zip(members, trained):
+                export(r, m.label, kind, results)
+                status = f"diverged at {r.diverged_at}" if r.diverged_at is not None else "stable"
+                log(f"  {m.label}: final loss {r.final_loss:.4g}, {status} ({time.perf_counter() - t0:.0f}s)")
+
+    # the headline first (a time-limited run keeps what it finished): paired runs, their
+    # interventions, the controls, then the LR grid
+    if "paired" in kinds:
+        train_groups("paired")
     if "intervention" in kinds and c.interventions:
-        parents = [e for e in plan(s, ("paired",)) if (widths is None or e.config.width in widths)
-                   and e.config.recipe.name == c.paired_recipes[0]]
-        if parents:  # the first paired recipe at the largest width, first LR and seed
-            p = max(parents, key=lambda e: e.config.width)
-            parent = ex.train(p.config, store=store, progress=progress)
-            for t in c.intervention_steps:
-                if parent.diverged_at is not None and t >= parent.diverged_at:
-                    log(f"  {p.label}: diverged at {parent.diverged_at}, before the intervention at {t}")
-                    continue
-                for name in c.interventions:
-                    child = ex.intervene(parent, t, apply=name, checkpoint_at=(), store=store, progress=progress)
-                    label = f"intervention-{p.label.removeprefix('paired-')}-at{t}-{name}"
-                    export(child, label, "intervention", results)
-                    log(f"  {label}: final loss {child.final_loss:.4g}, "
-                        f"{'diverged at %d' % child.diverged_at if child.diverged_at is not None else 'stable'}")
+        _interventions(s, widths, store, results, progress, log)
+    for kind in ("control", "grid"):
+        if kind in kinds:
+            train_groups(kind)
     index = results_index(results)
     if len(index):
         index.to_csv(results / "index.csv", index=False)
     return index
+
+
+def _interventions(s: _scales.Scale, widths, store, results, progress, log):
+    """Fig. 7: the first paired recipe's run at the largest width (first LR
+    and seed), continued from each intervention step with each mitigation."""
+    c = s.campaign
+    parents = [e for e in plan(s, ("paired",)) if (widths is None or e.config.width in widths)
+               and e.config.recipe.name == c.paired_recipes[0]]
+    if not parents:
+        return
+    p = max(parents, key=lambda e: e.config.width)
+    parent = runner.train(p.config, store=store, progress=progress)
+    for t in c.intervention_steps:
+        if parent.diverged_at is not None and t >= parent.diverged_at:
+            log(f"  {p.label}: diverged at {parent.diverged_at}, before the intervention at {t}")
+            continue
+        for name in c.interventions:
+            child = interventions.intervene(parent, t, apply=name, checkpoint_at=(), store=store or False,
+                                            progress=progress)
+            label = f"intervention-{p.label.removeprefix('paired-')}-at{t}-{name}"
+            export(child, label, "intervention", results)
+            status = f"diverged at {child.diverged_at}" if child.diverged_at is not None else "stable"
+            log(f"  {label}: final loss {child.final_loss:.4g}, {status}")
 
 
 def _lr_only(members: list[Entry]) -> bool:

@@ -2,22 +2,27 @@
 
 A checkpoint at step ``t`` holds the state *before* step ``t`` runs (after
 steps 0 … t−1): student parameters, optimizer state, the previous loss and the
-divergence flags, and — with ``gradient_reference="paired_run"`` — the paired
-full-precision run's parameters and optimizer state. The data stream needs no
-saved PRNG state: the batch of step ``t`` is a pure function of the config's
-data seed and ``t`` (see :mod:`proxy.data`), so a resumed run sees the very
-same batches. The metrics recorded up to ``t`` are kept beside the state, so an
-interrupted run can resume and still return its whole history.
+divergence flags, and, with a paired reference run, its parameters and
+optimizer state. The data stream needs no saved PRNG state: the batch of step
+``t`` is a pure function of the config's data seed and ``t`` (see
+:mod:`proxy.data`), so a resumed run sees the very same batches. The metrics
+recorded up to ``t`` are kept beside the state, so an interrupted run can
+resume and still return its whole history.
 
-On disk (``<run folder>/checkpoints/step_<t>/``): ``state/`` (orbax
-``StandardCheckpointer``), ``metrics.parquet`` and ``meta.json``. The folder is
-assembled under a temporary name and renamed into place, so a checkpoint is
-either complete or absent. Runs kept in memory only hold the same
-``(state, metrics)`` pairs in :attr:`proxy.Run.checkpoints`.
+On disk (``<folder>/step_<t>/``): ``state/`` (orbax ``StandardCheckpointer``),
+``metrics.parquet`` and ``meta.json`` (written last). A checkpoint is
+assembled under a temporary name holding the writer's process id and renamed
+into place; if the step already exists (another process training the same
+config got there first: the content is the same, a run being deterministic),
+the new copy is dropped, so several processes never crash on, nor corrupt,
+one checkpoint folder. Leftovers of killed writers are removed by
+:func:`clean`. Runs kept in memory hold the same ``(state, metrics)`` pairs
+in :attr:`proxy.Run.checkpoints`.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -26,13 +31,15 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pandas as pd
 
 from proxy.engine import Program, TrainState
 
-__all__ = ["save", "restore", "steps", "template", "CheckpointSink"]
+__all__ = ["save", "restore", "steps", "template", "clean", "CheckpointSink"]
 
 _PREFIX = "step_"
+_TMP = ".tmp-"
 
 
 def _step_dir(directory: Path, step: int) -> Path:
@@ -41,18 +48,53 @@ def _step_dir(directory: Path, step: int) -> Path:
 
 def template(program: Program, dyn) -> TrainState:
     """Abstract (shape/dtype) train state of ``program``: the restore target."""
-    state, _ = jax.eval_shape(program._init, dyn)
+    state, _ = jax.eval_shape(program.init, dyn)
     return state
 
 
-def save(directory, step: int, state: TrainState, metrics: pd.DataFrame | None = None, meta: dict | None = None):
-    """Save the train state before ``step`` (and the metrics so far) atomically."""
-    import orbax.checkpoint as ocp
+def tmp_name(final: str) -> str:
+    """A temporary sibling name of ``final`` owned by this process (see :func:`clean`)."""
+    return f"{_TMP}{os.getpid()}-{uuid.uuid4().hex[:8]}-{final}"
 
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (on this host)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean(directory) -> list[Path]:
+    """Remove leftovers of killed writers (``.tmp-<pid>-…`` entries whose
+    process is gone) directly under ``directory``; returns what was removed."""
+    directory = Path(directory)
+    removed = []
+    if not directory.is_dir():
+        return removed
+    for p in directory.iterdir():
+        if not p.name.startswith(_TMP):
+            continue
+        try:
+            pid = int(p.name[len(_TMP):].split("-", 1)[0])
+        except ValueError:
+            continue
+        if pid != os.getpid() and not pid_alive(pid):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
+
+
+def save(directory, step: int, state: TrainState, metrics: pd.DataFrame | None = None, meta: dict | None = None):
+    """Save the train state before ``step`` (and the metrics so far) atomically.
+    An existing checkpoint of that step is kept (see the module docstring)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     final = _step_dir(directory, step)
-    tmp = directory / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+    tmp = directory / tmp_name(final.name)
     tmp.mkdir()
     try:
         state = jax.device_get(state)
@@ -62,9 +104,12 @@ def save(directory, step: int, state: TrainState, metrics: pd.DataFrame | None =
         if metrics is not None:
             metrics.to_parquet(tmp / "metrics.parquet", index=False)
         (tmp / "meta.json").write_text(json.dumps({"step": int(step), **(meta or {})}, sort_keys=True))
-        if final.exists():  # an older copy of the same step (a forced retrain)
-            shutil.rmtree(final)
-        os.rename(tmp, final)
+        try:
+            os.rename(tmp, final)
+        except OSError as e:  # the step exists: another writer finished it first
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -83,11 +128,17 @@ def steps(directory) -> list[int]:
     return sorted(out)
 
 
+def meta(directory, step: int) -> dict:
+    """The ``meta.json`` of the checkpoint at ``step`` ({} if unreadable)."""
+    try:
+        return json.loads((_step_dir(directory, step) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def restore(directory, step: int, target: TrainState) -> tuple[TrainState, pd.DataFrame | None]:
     """(state, metrics before ``step``) of the checkpoint at ``step``;
     ``target`` is the abstract state (see :func:`template`)."""
-    import orbax.checkpoint as ocp
-
     path = _step_dir(directory, step)
     if not (path / "meta.json").exists():
         raise ValueError(f"no checkpoint at step {step} in {directory}; available: {steps(directory) or 'none'}")
@@ -114,6 +165,9 @@ class CheckpointSink:
 
     def steps(self) -> list[int]:
         return steps(self.directory) if self.directory is not None else sorted(self.memory)
+
+    def meta(self, step: int) -> dict:
+        return meta(self.directory, step) if self.directory is not None else {}
 
     def restore(self, step: int, target: TrainState):
         if self.directory is not None:

@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import os
 import sys
 import typing
 
+from proxy import architectures, blocks, campaign, config, layers, model, recipe, runner, scales
 from proxy.bench import BENCHMARKS
-from proxy.experiments_cli import parse_bool
+from proxy.config import Config
+from proxy.experiments_cli import add_experiment_commands, add_store_options, parse_bool, store_arg
+from proxy.figures import FIGURES, campaign_figures, generate
 
 
 class _Parser(argparse.ArgumentParser):
@@ -25,30 +29,23 @@ def _bench(args) -> int:
 
 
 _CHOICES = {  # fields whose valid values argparse should list
-    "act": "proxy.layers:ACTIVATIONS", "teacher_act": "proxy.layers:ACTIVATIONS", "norm": "proxy.model:NORMS",
-    "init": "proxy.model:INITS", "arch": "proxy.model:ARCHS", "optimizer": "proxy.config:OPTIMIZERS", "schedule": "proxy.config:SCHEDULES",
-    "gradient_reference": "proxy.config:GRADIENT_REFERENCES", "recipe": "proxy.recipe:PRESETS",
-    "reference_recipe": "proxy.recipe:PRESETS",
+    "act": layers.ACTIVATIONS, "teacher_act": layers.ACTIVATIONS, "norm": model.NORMS, "init": blocks.INITS,
+    "arch": architectures.ARCHS, "optimizer": config.OPTIMIZERS, "schedule": config.SCHEDULES,
+    "gradient_reference": config.GRADIENT_REFERENCES, "recipe": tuple(recipe.PRESETS),
+    "reference_recipe": tuple(recipe.PRESETS),
 }
 
-
-
-def _lookup(path: str):
-    module, name = path.split(":")
-    return tuple(getattr(importlib.import_module(module), name))
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, *, nargs: str | None = None) -> None:
     """One ``--field-name`` option per :class:`proxy.Config` field, typed from
     its default (``nargs="+"`` turns each into a list, for sweeps)."""
-    from proxy.config import Config
-
     hints = typing.get_type_hints(Config)
     for f in dataclasses.fields(Config):
         default = f.default
         hint = hints[f.name]
         if f.name in _CHOICES:
-            kind, choices = str, _lookup(_CHOICES[f.name])
+            kind, choices = str, _CHOICES[f.name]
         else:
             choices = None
             kind = type(default) if default is not None else (int if "int" in str(hint) else str)
@@ -63,8 +60,6 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, nargs: str | None =
 
 def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace, base=None):
     """The Config the options ask for; a bad value exits with status 2."""
-    from proxy.config import Config
-
     changes = {f.name: getattr(args, f.name) for f in dataclasses.fields(Config)
                if getattr(args, f.name, None) is not None}
     changes = {k: tuple(v) if isinstance(v, list) else v for k, v in changes.items()}
@@ -75,30 +70,26 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace, 
 
 
 def _train(args) -> int:
-    import proxy
-
-    config = config_from_args(args.parser, args)
-    run = proxy.train(config, store=args.out, force=args.force, progress=not args.quiet)
+    cfg = config_from_args(args.parser, args)
+    store = store_arg(args)
+    run = runner.train(cfg, store=store or None, force=args.force, progress=not args.quiet)
     print(f"{run.summary()}" + (f" -> {run.path}" if run.path else ""))
     return 0
 
 
 def _figures(args) -> int:
-    from proxy.figures import generate
-
     try:
-        generate(args.only, scale=args.scale, out=args.out, pdf=args.pdf)
+        store = store_arg(args)
+        generate(args.only, scale=args.scale, out=args.out, store=store or None, results=args.results, pdf=args.pdf)
     except ValueError as err:
         args.parser.error(str(err))
     return 0
 
 
 def _campaign(args) -> int:
-    from proxy import campaign
-
     try:
         index = campaign.run(args.scale, args.out, kinds=args.only or campaign.KINDS, widths=args.widths,
-                             progress=not args.quiet)
+                             progress=not args.quiet, store=not args.no_store)
     except ValueError as err:
         args.parser.error(str(err))
     except KeyboardInterrupt:
@@ -108,10 +99,8 @@ def _campaign(args) -> int:
     if len(index):
         cols = ["label", "diverged_at", "final_loss", "steps_run", "wall_time_s"]
         print(index[cols].to_string(index=False))
-    print(f"results: {args.out}/results (index.csv); run store: {args.out}/runs")
+    print(f"results: {args.out}/results (index.csv)" + ("" if args.no_store else f"; run store: {args.out}/runs"))
     if args.figures:
-        from proxy.figures import campaign_figures
-
         for path in campaign_figures(f"{args.out}/results", out=args.figures):
             print(f"figure: {path}")
     return 0
@@ -120,8 +109,6 @@ def _campaign(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="proxy", description="MX low-precision training workbench")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    from proxy.experiments_cli import add_experiment_commands
-
     add_experiment_commands(sub)
     bench = sub.add_parser("bench", help="run a benchmark and print measured ratios")
     bench.add_argument("name", help=f"one of: {', '.join(BENCHMARKS)}")
@@ -130,41 +117,54 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="train one run into the run store (config.json, metrics.parquet, ...)")
     add_config_arguments(train)
-    train.add_argument("--out", default=None,
-                       help="run store folder; the run lands in OUT/<config hash>/ (default: $PROXY_STORE or runs/; "
-                            "'off' keeps it in memory)")
-    train.add_argument("--force", action="store_true", help="retrain even if the store holds this config")
-    train.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_store_options(train, aliases=("--store", "--out"))
     train.set_defaults(func=_train, parser=train)
 
-    from proxy.campaign import KINDS
-    from proxy.scales import SCALES as _ALL_SCALES
-
     camp = sub.add_parser("campaign", help="run the paper's headline experiments at a scale (Figs. 2, 4, 5, 7)")
-    camp.add_argument("--scale", required=True, choices=[n for n, s in _ALL_SCALES.items() if s.campaign],
+    camp.add_argument("--scale", required=True, choices=[n for n, s in scales.SCALES.items() if s.campaign],
                       help="smoke (CI), medium (a 2-core CPU, hours) or paper (one H200, minutes)")
     camp.add_argument("--out", required=True, help="folder for the run store (OUT/runs) and results (OUT/results)")
-    camp.add_argument("--only", nargs="+", choices=KINDS, help="parts to run (default: all)")
+    camp.add_argument("--only", nargs="+", choices=campaign.KINDS, help="parts to run (default: all)")
     camp.add_argument("--widths", nargs="+", type=int, help="only these model widths")
     camp.add_argument("--figures", metavar="DIR", help="also write the campaign's figures into DIR")
     camp.add_argument("--quiet", action="store_true", help="no progress bars")
+    camp.add_argument("--no-store", action="store_true",
+                      help="keep the runs in memory (no OUT/runs: nothing to resume from); results are still written")
     camp.set_defaults(func=_campaign, parser=camp)
 
-    from proxy.figures import FIGURES, SCALES
-
     figures = sub.add_parser("figures", help="regenerate the figures (PNG, optionally PDF)")
-    figures.add_argument("--scale", default="quick", choices=SCALES, help="experiment scale (default: quick)")
+    figures.add_argument("--scale", default="quick", choices=scales.names(), help="experiment scale (default: quick)")
     figures.add_argument("--only", nargs="+", metavar="NAME", help=f"figures to make; valid: {', '.join(FIGURES)}")
     figures.add_argument("--out", default="figures", help="output folder (default: figures/)")
     figures.add_argument("--pdf", action="store_true", help="also write PDF")
+    figures.add_argument("--results", default="results",
+                         help="campaign results root for the headline_* figures (default: results/)")
+    add_store_options(figures, train=False)
     figures.set_defaults(func=_figures, parser=figures)
     return parser
 
 
+def headless_backend() -> None:
+    """Select matplotlib's non-interactive Agg backend for this process,
+    unless ``$MPLBACKEND`` names one: the command writes figures to files and
+    must neither open windows nor need a display. Only entry points choose a
+    backend; library modules (``proxy.plots``) never do."""
+    if os.environ.get("MPLBACKEND"):
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+
+
 def main(argv: list[str] | None = None) -> int:
+    headless_backend()
     parser = build_parser()
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print(f"proxy {args.command}: interrupted; results finished before the interrupt are kept", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

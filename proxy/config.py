@@ -11,17 +11,23 @@ from typing import Any
 import numpy as np
 
 from proxy import recipe as _recipes
+from proxy import recipe_json
 from proxy.layers import ACTIVATIONS
 from proxy.controllers import GNMR
-from proxy.model import ARCHS, INITS, NORMS
+from proxy.architectures import ARCHS
+from proxy.blocks import INITS
+from proxy.model import NORMS
 from proxy.quantize import MXSpec
 from proxy.recipe import Recipe
 
-__all__ = ["Config", "OPTIMIZERS", "SCHEDULES", "GRADIENT_REFERENCES"]
+__all__ = ["Config", "OPTIMIZERS", "SCHEDULES", "GRADIENT_REFERENCES", "SCHEMA", "SEED_LIMIT"]
 
 OPTIMIZERS = ("adam", "sgd")
 SCHEDULES = ("constant", "cosine")
 GRADIENT_REFERENCES = ("same_point", "paired_run")
+SCHEMA = 2  # part of every config's hash: bump when a field's meaning changes
+SEED_LIMIT = 2 ** 32  # seeds are JAX PRNG seeds: 0 <= seed < 2**32
+_SEEDS = ("seed", "data_seed", "teacher_seed", "reference_seed", "reference_data_seed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +124,15 @@ class Config:
     checkpoint_at: tuple[int, ...] = ()
 
     def __post_init__(self):
+        for f in dataclasses.fields(self):  # numpy scalars are welcome; store them as Python numbers
+            v = getattr(self, f.name)
+            if isinstance(v, np.integer):
+                object.__setattr__(self, f.name, int(v))
+            elif isinstance(v, np.floating):
+                object.__setattr__(self, f.name, float(v))
+            elif isinstance(v, np.bool_):
+                object.__setattr__(self, f.name, bool(v))
+
         def positive_int(name, allow_zero=False):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (v == 0 and not allow_zero):
@@ -140,15 +155,17 @@ class Config:
 
         for name in ("width", "depth", "batch", "steps", "val_batches"):
             positive_int(name)
-        for name in ("seed", "data_seed", "teacher_seed", "diagnostics_every", "val_every", "warmup_steps",
-                     "checkpoint_every"):
+        for name in ("diagnostics_every", "val_every", "warmup_steps", "checkpoint_every"):
             positive_int(name, allow_zero=True)
+        for name in _SEEDS:
+            v = getattr(self, name)
+            if v is None and name.startswith("reference"):
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < SEED_LIMIT:
+                raise ValueError(f"{name} must be an integer in [0, 2**32), got {v!r}")
         for name in ("teacher_width", "teacher_depth"):
             if getattr(self, name) is not None:
                 positive_int(name)
-        for name in ("reference_seed", "reference_data_seed"):
-            if getattr(self, name) is not None:
-                positive_int(name, allow_zero=True)
         choice("act", ACTIVATIONS)
         choice("teacher_act", ACTIVATIONS, optional=True)
         choice("norm", NORMS)
@@ -173,6 +190,14 @@ class Config:
         for name in ("beta1", "beta2", "momentum"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must lie in [0, 1), got {getattr(self, name)!r}")
+        if self.schedule == "cosine" and self.lr_min > self.lr:
+            raise ValueError(f"lr_min ({self.lr_min:g}) must not exceed lr ({self.lr:g}): the cosine schedule decays "
+                             f"from lr to lr_min")
+        if self.spike_factor <= 1.0:
+            raise ValueError(f"spike_factor must be > 1 (a loss that many times the previous step's is a divergence), "
+                             f"got {self.spike_factor!r}")
+        if self.warmup_steps > self.steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) must not exceed steps ({self.steps})")
         MXSpec(self.diagnostic_format)  # validates the name
         object.__setattr__(self, "recipe", _recipes.get(self.recipe))
         object.__setattr__(self, "reference_recipe", _recipes.get(self.reference_recipe))
@@ -195,6 +220,10 @@ class Config:
         if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t <= 0 for t in at):
             raise ValueError(f"checkpoint_at must hold positive integer steps, got {self.checkpoint_at!r}")
         object.__setattr__(self, "checkpoint_at", tuple(int(t) for t in at))
+        late = [t for t in self.checkpoint_at if t > self.steps]
+        if late:
+            raise ValueError(f"checkpoint_at {late} past the end of the run: a checkpoint step must be <= steps "
+                             f"({self.steps})")
         P = self.diagnostics_every
         for t in self.checkpoint_at + ((self.checkpoint_every,) if self.checkpoint_every else ()):
             if P and t % P:
@@ -240,36 +269,31 @@ class Config:
 
     # -- serialization -------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe dict; the recipe is its preset name when it is an unmodified preset."""
+        """JSON-safe dict of every field plus the ``schema`` version; recipes
+        are their preset name when unmodified presets."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        d["recipe"] = _recipes.to_json(self.recipe)
-        # knobs added after the paper's proxy appear only when set, so stored runs keep their hashes
-        if self.arch == "resmlp":
-            del d["arch"]
-        if self.controller is None:
-            del d["controller"]
-        else:
-            d["controller"] = self.controller.to_dict()
-        d["reference_recipe"] = _recipes.to_json(self.reference_recipe)
-        for name, default in (("paired_run", False), ("reference_recipe", "fp32"), ("reference_seed", None),
-                              ("reference_data_seed", None)):
-            if d[name] == default:
-                del d[name]
+        d["recipe"] = recipe_json.to_json(self.recipe)
+        d["reference_recipe"] = recipe_json.to_json(self.reference_recipe)
+        d["controller"] = None if self.controller is None else self.controller.to_dict()
+        d["checkpoint_at"] = list(self.checkpoint_at)
+        d["schema"] = SCHEMA
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Config":
+        """Inverse of :meth:`to_dict`; fields missing from an older dict take their defaults."""
         d = dict(d)
+        d.pop("schema", None)
         if "checkpoint_at" in d:
             d["checkpoint_at"] = tuple(d["checkpoint_at"])
         for name in ("recipe", "reference_recipe"):
             if name in d:
-                d[name] = _recipes.from_json(d[name])
+                d[name] = recipe_json.from_json(d[name])
         return cls(**d)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     def hash(self) -> str:
-        """A stable 16-hex-digit key of the full config."""
+        """A stable 16-hex-digit key of the full config (and the schema version)."""
         return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]

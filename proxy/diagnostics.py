@@ -73,19 +73,26 @@ def _fraction(stats_list, field):
 
 
 def ln_statistics(params, spec: MXSpec) -> dict[str, jax.Array]:
-    """LayerNorm gain/bias diagnostics per block: the fraction of gains the
-    spec clamps (and lands in the last bin) in blocks along the feature axis,
-    and the mean/variance of gains and biases. Empty without LayerNorm."""
-    if not all("ln_gain" in params[k] for k in params if k.startswith("block_")):
+    """Normalization gain/bias diagnostics, each a (depth,) array over blocks:
+    the fraction of gains the spec clamps (and lands in the last bin) in
+    blocks along the feature axis, and the mean/variance of gains and biases.
+
+    Reads ``ln_gain``/``ln_bias`` of every ``block_i``. Empty (``{}``) when a
+    block has no gain (``norm="none"`` or ``"layernorm_noaffine"``: nothing
+    to clamp); without biases (``norm="rmsnorm"``) the ``ln_bias_*`` entries
+    are omitted."""
+    blocks = [params[k] for k in params if k.startswith("block_")]
+    if not all("ln_gain" in b for b in blocks):
         return {}
     out = {
         "ln_clamp_frac": per_block(lambda b: quantize_stats(b["ln_gain"], spec).clamped_frac, params),
         "ln_last_bin_frac": per_block(lambda b: quantize_stats(b["ln_gain"], spec).last_bin_frac, params),
         "ln_gain_mean": per_block(lambda b: jnp.mean(b["ln_gain"]), params),
         "ln_gain_var": per_block(lambda b: jnp.var(b["ln_gain"]), params),
-        "ln_bias_mean": per_block(lambda b: jnp.mean(b["ln_bias"]), params),
-        "ln_bias_var": per_block(lambda b: jnp.var(b["ln_bias"]), params),
     }
+    if all("ln_bias" in b for b in blocks):
+        out["ln_bias_mean"] = per_block(lambda b: jnp.mean(b["ln_bias"]), params)
+        out["ln_bias_var"] = per_block(lambda b: jnp.var(b["ln_bias"]), params)
     return out
 
 

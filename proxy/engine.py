@@ -25,17 +25,15 @@ traced state inside the scan (see :mod:`proxy.controllers`).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
-from proxy import controllers, data, diagnostics, model
+from proxy import architectures, controllers, data, diagnostics
 from proxy.config import Config
 from proxy.model import Teacher
 from proxy.quantize import MXSpec
@@ -156,6 +154,8 @@ def _diagnostic_spec(spec: MXSpec, keep_tiles: bool = False) -> MXSpec:
     """The spec clamp statistics are counted with: deterministic rounding (the
     counts do not depend on it), and 1-D blocks for vectors and activations."""
     spec = spec.replace(rounding="even") if spec.rounding == "stochastic" else spec
+    if spec.scale_rule == "paper_bump":  # counted as the authors count clamping: with the floor scale
+        spec = spec.replace(scale_rule="floor")
     return spec if keep_tiles else spec.replace(block_dims=1)
 
 
@@ -172,13 +172,9 @@ class Program:
         kw = dict(width=c.width, depth=c.depth, act=c.act, norm=c.norm, init_scheme=c.init, init_gain=c.init_gain)
         self.controller = c.controller
         high = PRESETS[c.controller.action] if c.controller is not None else None
-        self.student = model.student(c.arch, recipe=c.recipe, high_recipe=high, **kw)
-        self.reference = model.student(c.arch, recipe=c.reference_recipe, **kw)
-        self.normalize = None
-        if c.arch == "ngpt":
-            from proxy.ngpt import normalize_weights
-
-            self.normalize = normalize_weights
+        self.student = architectures.student(c.arch, recipe=c.recipe, high_recipe=high, **kw)
+        self.reference = architectures.student(c.arch, recipe=c.reference_recipe, **kw)
+        self.normalize = architectures.weight_projection(c.arch)
         self.stochastic = c.recipe.stochastic
         tw, td, ta = c.teacher
         self.teacher = Teacher(width=c.width, hidden=tw, depth=td, act=ta)
@@ -198,15 +194,9 @@ class Program:
         self.ln_spec = _diagnostic_spec(rs.weight_spec or MXSpec(c.diagnostic_format))
         self.act_spec = _diagnostic_spec(rs.fwd_x or rs.weight_spec or MXSpec(c.diagnostic_format))
         self.weight_spec = _diagnostic_spec(rs.weight_spec or MXSpec(c.diagnostic_format), keep_tiles=True)
-        opts = compiler_options()
-        self.run_segment = jax.jit(self._segment, static_argnames=("n_periods", "tail", "plain"),
-                                   compiler_options=opts)
-        self.init = jax.jit(self._init, compiler_options=opts)
-        self.val_loss = jax.jit(self._val_loss, compiler_options=opts)
-        self._template = None
-
     # -- pieces ---------------------------------------------------------------
-    def _init(self, dyn: Dynamic):
+    def init(self, dyn: Dynamic):
+        """(initial TrainState, teacher params) of one run (pure)."""
         c = self.config
         x0 = jnp.zeros((1, c.width), jnp.float32)
         params = self.reference.init(jax.random.wrap_key_data(dyn.init_key), x0)["params"]
@@ -376,16 +366,16 @@ class Program:
         return out
 
     def _nan_diagnostics(self, state, dyn, teacher):
-        if self._template is None:
-            def probe(s, d, te):
-                x, y = self._batch(d, te, 0)
-                _, g, inter = self._loss_grad(self.reference, s.params, x, y)
-                return self._diagnostics(s.params, g, g if self.paired else None, inter, x, y)
+        """The diagnostic metrics of a non-diagnostic step: NaN of the same shapes."""
+        def probe(s, d, te):
+            x, y = self._batch(d, te, 0)
+            _, g, inter = self._loss_grad(self.reference, s.params, x, y)
+            return self._diagnostics(s.params, g, g if self.paired else None, inter, x, y)
 
-            self._template = jax.eval_shape(probe, state, dyn, teacher)
-        return jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), self._template)
+        shapes = jax.eval_shape(probe, state, dyn, teacher)
+        return jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), shapes)
 
-    def _segment(self, state, dyn, teacher, start, *, n_periods: int, tail: int, plain: int):
+    def segment(self, state, dyn, teacher, start, *, n_periods: int, tail: int, plain: int):
         """Run ``n_periods`` × P steps, then ``tail`` steps (the first of them a
         diagnostic step), then ``plain`` steps without diagnostics, from step
         ``start``. Returns the new state and metrics stacked over steps."""
@@ -418,14 +408,15 @@ class Program:
         return state, jax.tree.map(lambda *a: jnp.concatenate(a), *pieces)
 
     def segment_shape(self, start: int, n: int) -> dict[str, int]:
-        """Static arguments of :meth:`run_segment` for ``n`` steps from ``start``
+        """Static arguments of :meth:`segment` for ``n`` steps from ``start``
         (``start`` a multiple of the diagnostics period)."""
         P = self.period
         if not P:
             return dict(n_periods=0, tail=0, plain=n)
         return dict(n_periods=n // P, tail=n % P, plain=0)
 
-    def _val_loss(self, params, dyn, teacher):
+    def val_loss(self, params, dyn, teacher):
+        """Mean loss over the config's held-out batches (pure)."""
         c = self.config
         key = jax.random.wrap_key_data(dyn.data_key)
         total = jnp.float32(0)

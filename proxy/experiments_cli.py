@@ -21,9 +21,15 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from proxy import interventions, runner
 from proxy.config import Config
+from proxy.recipe import MITIGATIONS
 
-__all__ = ["add_experiment_commands", "sweep_axes", "main", "parse_bool"]
+__all__ = ["add_experiment_commands", "sweep_axes", "main", "parse_bool", "add_store_options", "store_arg",
+           "DEFAULT_STORE"]
+
+DEFAULT_STORE = "runs"
+_OFF = ("off", "none", "no", "false", "0")
 
 
 def parse_bool(text: str) -> bool:
@@ -65,16 +71,27 @@ def _add_config_options(p: argparse.ArgumentParser, fields, multi: bool):
                        help=f"default {default!r}" if default not in (None, ()) else None)
 
 
-def _store_options(p: argparse.ArgumentParser):
+def add_store_options(p: argparse.ArgumentParser, *, train: bool = True, aliases=("--store",),
+                      default: str | None = DEFAULT_STORE):
+    """``--store DIR`` (default ``runs/``; ``off`` keeps results in memory),
+    ``--no-store``, and for training commands ``--force`` and ``--quiet``."""
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--store", default=None, metavar="DIR", help="run-store folder (default: $PROXY_STORE or runs/)")
-    g.add_argument("--no-store", action="store_true", help="keep results in memory only")
-    p.add_argument("--force", action="store_true", help="retrain even if the store has the result")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    where = f"default: {default}/" if default else "default: the parent run's store"
+    g.add_argument(*aliases, dest="store", default=default, metavar="DIR",
+                   help=f"run-store folder ({where}; 'off' keeps results in memory only)")
+    g.add_argument("--no-store", action="store_true", help="keep results in memory only (nothing written)")
+    if train:
+        p.add_argument("--force", action="store_true", help="retrain even if the store has the result")
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def _store_arg(args):
-    return False if args.no_store else args.store
+def store_arg(args):
+    """The ``store=`` argument the options ask for: a folder, ``False`` (memory
+    only: ``--no-store`` or ``--store off``), or ``None`` (no ``--store`` where
+    its default is none)."""
+    if getattr(args, "no_store", False) or (args.store is not None and str(args.store).strip().lower() in _OFF):
+        return False
+    return args.store
 
 
 def sweep_axes(args) -> tuple[Config, dict]:
@@ -95,22 +112,20 @@ def sweep_axes(args) -> tuple[Config, dict]:
 
 
 def _cmd_sweep(args) -> int:
-    from proxy import experiments
-
     base, axes = sweep_axes(args)
-    store = _store_arg(args)
+    store = store_arg(args)
     trained = []
-    experiments.hooks.append(trained.append)
+    runner.hooks.append(trained.append)
     try:
-        result = experiments.sweep(base, store=store, force=args.force, progress=not args.quiet,
-                                   shard=not args.no_shard, **axes)
+        result = runner.sweep(base, store=store, force=args.force, progress=not args.quiet,
+                              shard=not args.no_shard, **axes)
     except KeyboardInterrupt:
-        where = "memory (nothing kept)" if store is False else (store or "the default store")
+        where = "memory (nothing kept)" if store is False else store
         print(f"proxy sweep: interrupted after {len(trained)} trained member(s); finished members are in "
               f"{where}", file=sys.stderr)
         return 130
     finally:
-        experiments.hooks.remove(trained.append)
+        runner.hooks.remove(trained.append)
     print(result.summary())
     where = "" if store is False else f"; stored in {Path(result.runs[0].path).parent}"
     print(f"{len(result)} members ({len(trained)} trained, {len(result) - len(trained)} loaded){where}")
@@ -123,16 +138,15 @@ def _cmd_sweep(args) -> int:
 
 
 def _cmd_intervene(args) -> int:
-    from proxy import experiments
-
     changes = {}
-    for name in experiments.INTERVENABLE_FIELDS:
+    for name in interventions.INTERVENABLE_FIELDS:
         v = getattr(args, name, None)
         if v is not None and name != "recipe":
             changes[name] = tuple(v) if name == "checkpoint_at" else v
     try:
-        run = experiments.intervene(args.run_dir, args.at_step, recipe=args.recipe, apply=args.apply or (),
-                                    store=_store_arg(args), force=args.force, progress=not args.quiet, **changes)
+        store = store_arg(args)  # None: the parent's own store
+        run = interventions.intervene(args.run_dir, args.at_step, recipe=args.recipe, apply=args.apply or (),
+                               store=store, force=args.force, progress=not args.quiet, **changes)
     except KeyboardInterrupt:
         print("proxy intervene: interrupted; nothing saved for this intervention", file=sys.stderr)
         return 130
@@ -155,14 +169,12 @@ def _guard(fn):
 
 def add_experiment_commands(subparsers) -> None:
     """Add ``sweep`` and ``intervene`` to a ``proxy`` argparse subparsers object."""
-    from proxy import experiments
-
     sw = subparsers.add_parser(
         "sweep", help="train the product of swept Config values (vmapped where the program is shared)",
         description="Each Config field is an option taking one or more values; fields with several values are "
                     "the sweep's axes, e.g. --lr 1e-4 3e-4 1e-3 --seed 0 1 --recipe fp32 mxfp8_mixed.")
     _add_config_options(sw, Config.field_names(), multi=True)
-    _store_options(sw)
+    add_store_options(sw)
     sw.add_argument("--no-shard", action="store_true", help="do not split members over several JAX devices")
     sw.add_argument("--out", default=None, metavar="FILE", help="write Sweep.to_frame() (.parquet or .csv)")
     sw.set_defaults(func=_guard(_cmd_sweep))
@@ -170,14 +182,15 @@ def add_experiment_commands(subparsers) -> None:
     iv = subparsers.add_parser(
         "intervene", help="continue a stored run from a checkpoint with a change",
         description="Continue RUN_DIR from its checkpoint at --at-step on the same batches, with a new recipe, "
-                    "named interventions (--apply) and/or other settings. Interventions: "
-                    + "; ".join(f"{k}: {v[0]}" for k, v in experiments.INTERVENTIONS.items()))
+                    "named mitigations (--apply) and/or other settings; the result lands in the parent's store "
+                    "unless --store/--no-store say otherwise. Mitigations: "
+                    + "; ".join(f"{k}: {m.description}" for k, m in MITIGATIONS.items()))
     iv.add_argument("run_dir", metavar="RUN_DIR", help="a stored run's folder (runs/<key>)")
     iv.add_argument("--at-step", type=int, required=True, help="a step with a checkpoint")
-    iv.add_argument("--apply", nargs="+", default=None, metavar="NAME",
-                    help=f"named interventions: {', '.join(experiments.INTERVENTIONS)}")
-    _add_config_options(iv, experiments.INTERVENABLE_FIELDS, multi=False)
-    _store_options(iv)
+    iv.add_argument("--apply", nargs="+", default=None, metavar="NAME", choices=list(MITIGATIONS),
+                    help=f"named mitigations: {', '.join(MITIGATIONS)}")
+    _add_config_options(iv, interventions.INTERVENABLE_FIELDS, multi=False)
+    add_store_options(iv, default=None)
     iv.set_defaults(func=_guard(_cmd_intervene))
 
 

@@ -27,28 +27,28 @@ __all__ = ["FIGURES", "HEADLINE", "SCALES", "generate", "headline_source", "camp
 
 RESULTS_ROOT = "results"
 
-SCALES = ("smoke", "quick", "paper")
+SCALES = _scales.names()
 
 
-def _interventions(scale):
-    parent, children = paper.intervention_runs(scale)
+def _interventions(scale, store=None, **_):
+    parent, children = paper.intervention_runs(scale, store=store)
     return plots.interventions(parent, children)
 
 
-def _beyond(scale):
+def _beyond(scale, store=None, **_):
     s = paper.scale(scale)
     stress = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in s.stress.items()
                        if k not in ("diagnostics_every", "val_every"))  # recording only: not part of the stress
-    return plots.beyond(beyond.table(beyond.runs(s)), stress_label=stress or None,
+    return plots.beyond(beyond.table(beyond.runs(s, store=store)), stress_label=stress or None,
                         title=f"Beyond the paper ({s.name} scale): 2-D blocks + SR, NVFP4, nGPT and GNMR against "
                               f"plain MX and the paper's mitigations")
 
 
-def headline_source(kinds, root=None) -> tuple[str, list] | None:
+def headline_source(kinds, root=RESULTS_ROOT) -> tuple[str, list] | None:
     """(scale, runs) of the largest scale whose results under ``root``
-    (default ``$PROXY_RESULTS`` or ``results/``) hold runs of every one of
-    ``kinds``; ``None`` when no scale has them."""
-    root = Path(root or os.environ.get("PROXY_RESULTS") or RESULTS_ROOT)
+    (``results/`` by default) hold runs of every one of ``kinds``; ``None``
+    when no scale has them."""
+    root = Path(root)
     for name in reversed(_scales.names()):  # largest first
         folder = root / name
         if not folder.is_dir():
@@ -90,7 +90,7 @@ def _headline_zeta(results):
 def _headline_ln_clamping(results):
     scale, runs = results
     w, paired = _largest_width([r for r in runs if r.info["kind"] in ("paired", "control")])
-    fig = plots.ln_clamping(paired, labels=[plots._reference_name(r) if r.info["kind"] == "control"
+    fig = plots.ln_clamping(paired, labels=[plots.reference_name(r) if r.info["kind"] == "control"
                                             else r.config.recipe.name for r in paired])
     fig.suptitle(f"Fig. 5 (right) at the {scale} scale, width {w}: LN gains in the E4M3 clamp region\n"
                  f"(counted where the recipe does not quantize them)")
@@ -120,12 +120,12 @@ HEADLINE: dict[str, tuple[tuple[str, ...], Callable]] = {
 def _headline(name):
     kinds, fn = HEADLINE[name]
 
-    def make(scale):
-        found = headline_source(kinds)
+    def make(scale, *, store=None, results=RESULTS_ROOT):
+        found = headline_source(kinds, results)
         if found is None:
             raise ValueError(f"figure {name!r} needs campaign results with {', '.join(kinds)} runs under "
-                             f"{os.environ.get('PROXY_RESULTS') or RESULTS_ROOT}/<scale>/; run "
-                             f"`proxy campaign --scale medium --out DIR` and copy DIR/results there")
+                             f"{results}/<scale>/; run `proxy campaign --scale medium --out DIR` and copy "
+                             f"DIR/results to {results}/medium")
         return fn(found)
 
     return make
@@ -148,42 +148,61 @@ def campaign_figures(results, out: str = "figures") -> list[str]:
     return written
 
 
+def _trained(plot, experiment):
+    """A figure of runs trained (or loaded from the store) by a :mod:`proxy.paper` experiment."""
+    return lambda scale, store=None, **_: plot(experiment(scale, store=store))
+
+
+def _static(plot):
+    return lambda scale, **_: plot("fp8_e4m3")
+
+
+# name → figure function ``(scale, *, store=None, results="results") -> Figure``
 FIGURES: dict[str, Callable] = {
-    "sawtooth": lambda scale: plots.sawtooth("fp8_e4m3"),                       # Fig. 5 left
-    "ln_collapse": lambda scale: plots.ln_collapse("fp8_e4m3"),                 # Section 5
-    "lr_sweep": lambda scale: plots.lr_sweep(paper.lr_sweep_runs(scale)),       # Fig. 2
-    "lr_summary": lambda scale: plots.lr_summary(paper.lr_sweep_runs(scale)),   # Fig. 2 (summary)
-    "ablations": lambda scale: plots.ablations(paper.ablation_runs(scale)),     # Fig. 3
-    "gradient_bias": lambda scale: plots.gradient_bias(paper.gradient_bias_runs(scale)),  # Fig. 4
-    "ln_clamping": lambda scale: plots.ln_clamping(paper.mechanism_runs(scale)),  # Fig. 5 right + LN-affine ablation
-    "mitigations": lambda scale: plots.mitigations(paper.mitigation_runs(scale)),  # Fig. 6
+    "sawtooth": _static(plots.sawtooth),                                        # Fig. 5 left
+    "ln_collapse": _static(plots.ln_collapse),                                  # Section 5
+    "lr_sweep": _trained(plots.lr_sweep, paper.lr_sweep_runs),                  # Fig. 2
+    "lr_summary": _trained(plots.lr_summary, paper.lr_sweep_runs),              # Fig. 2 (summary)
+    "ablations": _trained(plots.ablations, paper.ablation_runs),                # Fig. 3
+    "gradient_bias": _trained(plots.gradient_bias, paper.gradient_bias_runs),   # Fig. 4
+    "ln_clamping": _trained(plots.ln_clamping, paper.mechanism_runs),           # Fig. 5 right + LN-affine ablation
+    "mitigations": _trained(plots.mitigations, paper.mitigation_runs),          # Fig. 6
     "interventions": _interventions,                                            # Fig. 7
-    "spikes_vs_shape": lambda scale: plots.spikes_vs_shape(paper.shape_runs(scale)),  # Fig. 9
-    "sgd_momentum": lambda scale: plots.sgd_momentum(paper.sgd_runs(scale)),    # Fig. 10
-    "init_ablation": lambda scale: plots.init_ablation(paper.init_runs(scale)),  # Fig. 11
+    "spikes_vs_shape": _trained(plots.spikes_vs_shape, paper.shape_runs),       # Fig. 9
+    "sgd_momentum": _trained(plots.sgd_momentum, paper.sgd_runs),               # Fig. 10
+    "init_ablation": _trained(plots.init_ablation, paper.init_runs),            # Fig. 11
     "beyond": _beyond,                                                          # notebook 09: seed 003's systems
     **{name: _headline(name) for name in HEADLINE},                             # committed campaign results
 }
 
 
-def generate(names=None, *, scale: str = "quick", out: str = "figures", pdf: bool = False, log=print) -> list[str]:
+def generate(names=None, *, scale: str = "quick", out: str = "figures", store=None, results=RESULTS_ROOT,
+             pdf: bool = False, log=print) -> list[str]:
     """Write the named figures (default: all) as PNG (and PDF) into ``out``.
+    Training figures train into (or load from) ``store`` (``None``: memory
+    only); the ``headline_*`` figures read campaign results under ``results``.
 
     Raises:
       ValueError: for an unknown figure name or scale, naming the valid ones.
     """
     if scale not in SCALES:
         raise ValueError(f"unknown scale {scale!r}; valid: {', '.join(SCALES)}")
-    names = list(FIGURES) if not names else list(names)
-    unknown = [n for n in names if n not in FIGURES]
-    if unknown:
-        raise ValueError(f"unknown figure(s) {unknown}; valid: {', '.join(FIGURES)}")
+    if names:
+        names = list(names)
+        unknown = [n for n in names if n not in FIGURES]
+        if unknown:
+            raise ValueError(f"unknown figure(s) {unknown}; valid: {', '.join(FIGURES)}")
+    else:  # everything this checkout can draw: headline figures only where results exist
+        names = [n for n in FIGURES if n not in HEADLINE or headline_source(HEADLINE[n][0], results) is not None]
+        for n in HEADLINE:
+            if n not in names:
+                log(f"skipping {n}: no campaign results under {results}/ (see proxy campaign)")
     os.makedirs(out, exist_ok=True)
     written = []
     for i, name in enumerate(names, 1):
         t0 = time.perf_counter()
         log(f"[{i}/{len(names)}] {name} ({scale}) ...")
-        fig = FIGURES[name](scale)
+        fig = FIGURES[name](scale, store=store, results=results)
         for ext in ("png", "pdf") if pdf else ("png",):
             path = os.path.join(out, f"{name}.{ext}")
             fig.savefig(path, dpi=120)

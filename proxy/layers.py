@@ -15,6 +15,9 @@ reference library rounds its backward. ``layer_norm`` follows the MX
 library's ``LayerNormFunction`` op for op, forward and backward (a
 ``custom_vjp``) whenever anything in it rounds; in pure float32 it is the
 plain formula differentiated by JAX, like ``torch.nn.LayerNorm``.
+``rms_norm`` (RMSNorm, gain only) has no library counterpart to follow: it
+is plain rounded ops in the same precisions, differentiated by JAX (each
+rounding's backward rounds the cotangent, as the rest of the vector math).
 """
 
 from __future__ import annotations
@@ -24,13 +27,14 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from kernels.mx_matmul import mx_dot
 from proxy.quantize import MXSpec, quantize
 from proxy.recipe import Recipe
 
-__all__ = ["mx_dense", "mx_matmul", "layer_norm", "activation", "ACTIVATIONS", "vround", "bf16_round",
+__all__ = ["mx_dense", "mx_matmul", "layer_norm", "rms_norm", "activation", "ACTIVATIONS", "vround", "bf16_round",
            "quantize_affine", "ROLES", "operand_key", "switch"]
 
-ACTIVATIONS = ("gelu", "relu", "swiglu", "tanh", "linear")
+ACTIVATIONS = ("gelu", "relu", "swiglu", "tanh", "linear", "relu2", "silu")
 ROLES = ("fwd_x", "fwd_w", "dgrad_g", "dgrad_w", "wgrad_x", "wgrad_g")
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -133,9 +137,9 @@ def mx_matmul(a, b, a_spec: MXSpec | None, b_spec: MXSpec | None, vector: str = 
     transposes, so the fp32 recipe reproduces JAX's own dot gradients bit for bit.
     ``a_key``/``b_key``: PRNG keys of operands that round stochastically.
     """
-    if backend == "pallas":
-        from kernels.mx_matmul import mx_dot  # the fused kernel path (no transposes materialized)
-
+    if backend == "pallas" and a_spec is not None and b_spec is not None:
+        # both operands MX: Pallas quantize kernels + MX GEMM, no transposes materialized (kernels/README.md).
+        # A GEMM with an unquantized operand is an ordinary GEMM: the XLA code below, on every backend.
         out = mx_dot(vround(a, vector, rounding), vround(b, vector, rounding), a_spec, b_spec,
                      a_contract_axis=-1 if a_axis == 1 else 0, b_contract_axis=b_axis)
     else:
@@ -342,11 +346,60 @@ def layer_norm(x, gain, bias, recipe: Recipe, eps: float = 1e-5):
     return _library_ln(x, gain, bias, gain_bwd, eps, stats, rest, bwd, recipe.vector_rounding)
 
 
+def rms_norm(x, gain, recipe: Recipe, eps: float = 1e-5):
+    """RMSNorm over the last axis, ``x / sqrt(mean(x²) + eps) · gain``, in the
+    recipe's LN precision.
+
+    Args:
+      x: (..., d) float32 activations.
+      gain: (d,) gain (no bias), or ``None`` for none. It first passes
+        :func:`quantize_affine`, exactly like a LayerNorm gain: rounded to the
+        LN precision and MX-quantized in blocks along the feature axis when
+        ``recipe.ln_affine`` is set (straight-through gradient), so gains
+        clustered just below 1 clamp as LayerNorm's do.
+      recipe: a :class:`Recipe` (static).
+      eps: added to the mean square inside the square root (as LayerNorm's
+        ``eps``; the same value, so the two norms differ only in centring).
+
+    Returns:
+      (..., d) float32.
+
+    Precisions follow :func:`layer_norm` (see :func:`_ln_precisions`): the
+    input, its square and their mean in the stats precision; eps, sqrt,
+    reciprocal, normalize and scale in the rest precision; the backward in
+    the backward precision. In pure float32 it is the plain formula with
+    ``rsqrt`` (as ``torch.nn.RMSNorm``). Where it rounds it is a chain of
+    rounded ops differentiated by JAX (each rounding rounds its cotangent to
+    the backward precision), not a hand-written library-order backward like
+    :func:`layer_norm`'s: the MX library has no RMSNorm to follow.
+    """
+    stats, rest, bwd = _ln_precisions(recipe)
+    if gain is not None:
+        gain = quantize_affine(gain, recipe)
+    if stats == rest == bwd == "fp32":
+        y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+        return y if gain is None else y * gain
+    rnd = recipe.vector_rounding
+    rs = _rounder(stats, rnd, None if stats == "fp32" else bwd)
+    rr = _rounder(rest, rnd, None if rest == "fp32" else bwd)
+    x = rs(x)
+    ms = _mean(rs(x * x), rs)
+    std = rr(jnp.sqrt(rr(ms + eps)))
+    y = rr(x * rr(1.0 / std))
+    return y if gain is None else rr(gain * y)
+
+
 def activation(name: str, x, recipe: Recipe):
     """An activation in the recipe's activation precision.
 
     ``swiglu`` splits the last axis in halves (a, b) and returns silu(a)·b.
-    GELU is the exact (erf) form, PyTorch's default.
+    GELU is the exact (erf) form, PyTorch's default. ``relu2`` is the squared
+    ReLU, max(x, 0)²; ``silu`` is x·sigmoid(x). Each rounds its input and its
+    output (one rounding after the whole function, as GELU does; ReLU, whose
+    outputs are its inputs, needs none).
+
+    Raises:
+      ValueError: an unknown ``name`` (naming the valid ones).
     """
     prec = "fp32" if recipe.act_precision == "fp32" else recipe.vector
     r = _rounder(prec, recipe.vector_rounding, None if prec == "fp32" else recipe.backward_vector)
@@ -362,4 +415,8 @@ def activation(name: str, x, recipe: Recipe):
     if name == "swiglu":
         a, b = jnp.split(x, 2, axis=-1)
         return r(r(jax.nn.silu(a)) * b)
+    if name == "relu2":
+        return r(jnp.square(jax.nn.relu(x)))
+    if name == "silu":
+        return r(jax.nn.silu(x))
     raise ValueError(f"unknown activation {name!r}; valid: {', '.join(ACTIVATIONS)}")

@@ -1,14 +1,16 @@
 """The paper's proxy: a residual-MLP student learning a frozen MLP teacher.
 
 Student: ``depth`` blocks of ``x + fc2(act(fc1(LN(x))))`` with fc1 d→4d (no
-bias) and fc2 4d→d (with bias); for SwiGLU fc1 is d→2h, h = round(8d/3), so the
+bias) and fc2 4d→d (with bias), LN one of :data:`NORMS` (LayerNorm with
+gain and bias, RMSNorm with a gain, LayerNorm without affine parameters, or
+none; see :func:`normalize`); for SwiGLU fc1 is d→2h, h = round(8d/3), so the
 parameter count matches. Teacher: ``depth`` blocks of ``Linear(d, h, no
 bias) → act → Linear(h, d, no bias)``, no LN, no residual, never trained.
 
 Every dense layer of the student is :func:`proxy.layers.mx_dense` under the
 recipe (or the recipe's override for that layer); the teacher always runs in
 float32. ``arch="ngpt"`` swaps the student for the hypersphere-normalized
-variant of :mod:`proxy.ngpt`.
+variant of :mod:`proxy.ngpt` (see :mod:`proxy.architectures`).
 
 Both students take ``(x, key=None, promote=None)``: ``key`` is the PRNG key
 of this step's stochastic rounding (block i folds in i, its dense layer j
@@ -19,80 +21,47 @@ controller's promotion of its normalization unit (column 0) and of its GEMMs
 
 from __future__ import annotations
 
-import math
-
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from proxy import layers
+from proxy.blocks import INITS, _bias_init, _flag, _fold, _kernel_init, fc1_width, hidden_width, layer_names
 from proxy.recipe import PRESETS, Recipe
 
-__all__ = ["Student", "Teacher", "hidden_width", "fc1_width", "student", "INITS", "NORMS", "ARCHS"]
+__all__ = ["Student", "Teacher", "hidden_width", "fc1_width", "layer_names", "normalize", "INITS", "NORMS"]
 
-INITS = ("pytorch", "xavier_normal")
-NORMS = ("layernorm", "none")
-ARCHS = ("resmlp", "ngpt")
-
-
-def layer_names(index: int, depth: int, fc: str) -> tuple[str, ...]:
-    """The names a dense layer answers to in :meth:`Recipe.for_layer`."""
-    names = [f"block_{index}/{fc}"]
-    if index == 0:
-        names.append(f"first/{fc}")
-    if index == depth - 1:
-        names.append(f"last/{fc}")
-    return tuple(names)
+# layernorm: gain and bias; rmsnorm: RMSNorm with a gain (``ln_gain``), no bias;
+# layernorm_noaffine: LayerNorm without gain or bias (no parameters); none: no normalization.
+NORMS = ("layernorm", "none", "rmsnorm", "layernorm_noaffine")
 
 
-def _fold(key, i):
-    return None if key is None else jax.random.fold_in(key, i)
+def normalize(module: nn.Module, norm: str, z, width: int, flag, recipe: Recipe, high: Recipe | None):
+    """The block's normalization of ``z`` (..., width), declaring its
+    parameters on ``module``: ``layernorm`` (``ln_gain`` ones, ``ln_bias``
+    zeros), ``rmsnorm`` (``ln_gain`` ones, no bias: the diagnostics and the
+    controller treat it as LayerNorm's gain), ``layernorm_noaffine`` (no
+    parameters), ``none`` (identity). ``flag``: the controller's promotion of
+    this normalization unit to ``high`` (see :func:`proxy.layers.switch`).
 
-
-def _flag(promote, j):
-    return None if promote is None else promote[j]
-
-
-def hidden_width(width: int, act: str, expansion: int = 4) -> int:
-    """Width of the hidden layer: 4d, or round(8d/3) for SwiGLU."""
-    return int(round(expansion * 2 * width / 3)) if act == "swiglu" else expansion * width
-
-
-def fc1_width(hidden: int, act: str) -> int:
-    """Outputs of fc1 for a hidden layer of ``hidden`` units: SwiGLU's gate and value halves, 2·hidden."""
-    return 2 * hidden if act == "swiglu" else hidden
-
-
-def _kernel_init(init: str, gain: float):
-    """Kernel (in, out) initializer.
-
-    ``pytorch``: U(±1/sqrt(fan_in)) (torch.nn.Linear's default);
-    ``xavier_normal``: N(0, gain²·2/(fan_in+fan_out)).
+    Raises:
+      ValueError: an unknown ``norm`` (naming the valid ones).
     """
-
-    def f(key, shape, dtype=jnp.float32):
-        fan_in, fan_out = shape
-        if init == "pytorch":
-            bound = 1.0 / math.sqrt(fan_in)
-            return jax.random.uniform(key, shape, dtype, -bound, bound)
-        std = gain * math.sqrt(2.0 / (fan_in + fan_out))
-        return std * jax.random.normal(key, shape, dtype)
-
-    return f
-
-
-def _bias_init(init: str, fan_in: int):
-    def f(key, shape, dtype=jnp.float32):
-        if init == "pytorch":
-            bound = 1.0 / math.sqrt(fan_in)
-            return jax.random.uniform(key, shape, dtype, -bound, bound)
-        return jnp.zeros(shape, dtype)
-
-    return f
+    if norm == "none":
+        return z
+    if norm == "layernorm":
+        gain = module.param("ln_gain", nn.initializers.ones, (width,))
+        bias = module.param("ln_bias", nn.initializers.zeros, (width,))
+        return layers.switch(flag, lambda rc: layers.layer_norm(z, gain, bias, rc), recipe, high)
+    if norm == "rmsnorm":
+        gain = module.param("ln_gain", nn.initializers.ones, (width,))
+        return layers.switch(flag, lambda rc: layers.rms_norm(z, gain, rc), recipe, high)
+    if norm == "layernorm_noaffine":
+        return layers.switch(flag, lambda rc: layers.layer_norm(z, None, None, rc), recipe, high)
+    raise ValueError(f"unknown norm {norm!r}; valid: {', '.join(NORMS)}")
 
 
 class Block(nn.Module):
-    """One residual block ``x + fc2(act(fc1(LN(x))))`` (block ``index`` of ``depth``)."""
+    """One residual block ``x + fc2(act(fc1(norm(x))))`` (block ``index`` of ``depth``)."""
 
     width: int
     act: str
@@ -109,11 +78,7 @@ class Block(nn.Module):
         d, h = self.width, hidden_width(self.width, self.act)
         fc1_out = fc1_width(h, self.act)
         r, hi = self.recipe, self.high_recipe
-        z = x
-        if self.norm == "layernorm":
-            gain = self.param("ln_gain", nn.initializers.ones, (d,))
-            bias = self.param("ln_bias", nn.initializers.zeros, (d,))
-            z = layers.switch(_flag(promote, 0), lambda rc: layers.layer_norm(z, gain, bias, rc), r, hi)
+        z = normalize(self, self.norm, x, d, _flag(promote, 0), r, hi)
         w1 = self.param("fc1", _kernel_init(self.init_scheme, self.init_gain), (d, fc1_out))
         w2 = self.param("fc2", _kernel_init(self.init_scheme, self.init_gain), (h, d))
         b2 = self.param("fc2_bias", _bias_init(self.init_scheme, h), (d,))
@@ -129,7 +94,8 @@ class Block(nn.Module):
 
 
 class Student(nn.Module):
-    """Residual MLP student; params ``block_{i}/{ln_gain, ln_bias, fc1, fc2, fc2_bias}``.
+    """Residual MLP student; params ``block_{i}/{ln_gain, ln_bias, fc1, fc2, fc2_bias}``
+    (``ln_gain`` only with ``norm="rmsnorm"``; neither with ``"layernorm_noaffine"`` or ``"none"``).
 
     ``high_recipe``: the precision a promoted unit switches to (see the module
     docstring); ``None`` when no controller runs."""
@@ -149,20 +115,6 @@ class Student(nn.Module):
             x = Block(self.width, self.act, self.norm, self.init_scheme, self.init_gain, self.recipe, i, self.depth,
                       self.high_recipe, name=f"block_{i}")(x, _fold(key, i), None if promote is None else promote[i])
         return x
-
-
-def student(arch: str = "resmlp", **kw) -> nn.Module:
-    """The student module of an architecture: ``resmlp`` (:class:`Student`,
-    the paper's proxy) or ``ngpt`` (:class:`proxy.ngpt.NGPTStudent`; no
-    LayerNorm, so ``norm`` does not apply to it)."""
-    if arch == "resmlp":
-        return Student(**kw)
-    if arch == "ngpt":
-        from proxy.ngpt import NGPTStudent
-
-        kw.pop("norm", None)
-        return NGPTStudent(**kw)
-    raise ValueError(f"unknown arch {arch!r}; valid: {', '.join(ARCHS)}")
 
 
 class Teacher(nn.Module):

@@ -3,7 +3,7 @@
 nGPT keeps every hidden state and every weight vector along the embedding
 dimension on the unit sphere, and replaces the residual add by a learned step
 towards the block's (normalized) output. Adapted to the proxy's residual MLP
-(d = ``width``, h = :func:`proxy.model.hidden_width`, f = h, or 2h for
+(d = ``width``, h = :func:`proxy.blocks.hidden_width`, f = h, or 2h for
 SwiGLU; ``Norm(z) = z / ‖z‖₂`` over the last axis)::
 
     h₀     = Norm(x)                                   x: (B, d) ~ N(0, I)
@@ -94,7 +94,7 @@ import jax
 import jax.numpy as jnp
 
 from proxy import layers
-from proxy.model import _flag, _fold, _kernel_init, fc1_width, hidden_width, layer_names
+from proxy.blocks import _flag, _fold, _kernel_init, fc1_width, hidden_width, layer_names
 from proxy.recipe import PRESETS, Recipe
 
 __all__ = ["NGPTStudent", "NGPTBlock", "normalize_weights", "sphere_norm", "WEIGHT_NORM_AXES",

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+from typing import Callable, Iterable
 
 from proxy.quantize import NVFP4, MXSpec
 
 __all__ = ["Recipe", "PRESETS", "get", "names", "VECTOR_PRECISIONS", "VECTOR_ROUNDINGS", "LN_PRECISIONS", "table",
-           "FAMILIES"]
+           "FAMILIES", "Mitigation", "MITIGATIONS", "mitigate"]
 
 VECTOR_PRECISIONS = ("fp32", "bf16")
 VECTOR_ROUNDINGS = ("even", "away")
@@ -121,10 +122,12 @@ class Recipe:
                 raise ValueError(f"backend 'pallas' supports roundings even and away; {', '.join(stochastic)} "
                                  f"use stochastic rounding (valid with backend 'xla')")
             special = [f for f in _OPERANDS if getattr(self, f) is not None
-                       and (getattr(self, f).block_dims != 1 or getattr(self, f).scale_format != "e8m0")]
+                       and (getattr(self, f).block_dims != 1 or getattr(self, f).scale_format != "e8m0"
+                            or getattr(self, f).scale_rule == "paper_bump")]
             if special:
-                raise ValueError(f"backend 'pallas' supports 1-D blocks with E8M0 scales; {', '.join(special)} "
-                                 f"use 2-D tiles or E4M3 (NVFP4) scales (valid with backend 'xla')")
+                raise ValueError(f"backend 'pallas' supports 1-D blocks with E8M0 floor/rceil scales; "
+                                 f"{', '.join(special)} use 2-D tiles, E4M3 (NVFP4) scales or the paper_bump rule "
+                                 f"(valid with backend 'xla')")
         ov = self.overrides
         if isinstance(ov, (str, bytes)) or not hasattr(ov, "__iter__"):
             raise ValueError(f"Recipe.overrides must be a tuple of (pattern, Recipe) pairs, got {ov!r}")
@@ -187,6 +190,85 @@ class Recipe:
         return dataclasses.replace(self, **changes)
 
 
+@dataclasses.dataclass(frozen=True)
+class Mitigation:
+    """A named change of a recipe: the paper's mitigations and in-situ
+    interventions, defined once. Presets such as ``forward_only`` are a
+    mitigation applied to ``mxfp8_e4m3``; ``proxy.intervene(run, t,
+    apply=name)`` applies one to the running recipe; notebooks list them."""
+
+    name: str
+    description: str
+    change: Callable[["Recipe"], "Recipe"] = dataclasses.field(repr=False, compare=False)
+
+    def __call__(self, recipe: "Recipe") -> "Recipe":
+        return self.change(recipe)
+
+
+def _rceil(r: Recipe) -> Recipe:
+    # NVFP4 (E4M3) block scales have their own rule and no exponent to bump
+    return r.map_specs(lambda s: s if s.scale_format != "e8m0" else s.replace(scale_rule="rceil"))
+
+
+def _paper_bump(r: Recipe) -> Recipe:
+    others = sorted({s.element.name for s in _specs(r) if s.scale_format == "e8m0" and s.element.name != "fp8_e4m3"})
+    if others:
+        raise ValueError(f"paper_bump is the authors' E4M3-only exponent bump; recipe {r.name!r} also has "
+                         f"{', '.join(others)} operands (use 'rceil' for a bump that works for every format)")
+    return r.map_specs(lambda s: s if s.scale_format != "e8m0" else s.replace(scale_rule="paper_bump"))
+
+
+def _specs(r: Recipe) -> list:
+    return [getattr(x, f) for x in (r,) + tuple(o for _, o in r.overrides) for f in _OPERANDS + ("ln_affine",)
+            if getattr(x, f) is not None]
+
+
+_BACKWARD = dict(dgrad_g=None, dgrad_w=None, wgrad_x=None, wgrad_g=None)
+
+MITIGATIONS: dict[str, Mitigation] = {m.name: m for m in (
+    Mitigation("fp32", "switch to full precision (everything float32)", lambda r: Recipe("fp32")),
+    Mitigation("ln_exempt", "stop quantizing LayerNorm: LN math in fp32, LN gain/bias not MX-quantized",
+               lambda r: r.replace(ln_precision="fp32", ln_affine=None)),
+    Mitigation("ln_affine_exempt", "only the LN gain and bias out of MX (in vector precision); every GEMM "
+               "operand and the LN math unchanged", lambda r: r.replace(ln_affine=None)),
+    Mitigation("rceil", "bump the shared exponent: round-up (rceil) scales everywhere, nothing clamps", _rceil),
+    Mitigation("bf16_activations", "activations, gradients and LN in bf16, forward and backward; weights keep "
+               "their MX spec", lambda r: r.replace(fwd_x=None, dgrad_g=None, wgrad_x=None, wgrad_g=None,
+                                                     ln_affine=None)),
+    Mitigation("forward_only", "quantize only the forward pass: backward GEMMs unquantized (in vector precision)",
+               lambda r: r.replace(**_BACKWARD)),
+    Mitigation("act_fp32", "activation-function (GELU) math in fp32", lambda r: r.replace(act_precision="fp32")),
+    Mitigation("bf16_weights", "weights (and LN gain/bias) in bf16 in every GEMM; activations and gradients keep MX",
+               lambda r: r.replace(fwd_w=None, dgrad_w=None, ln_affine=None)),
+    # the authors' code's own switches (student_teacher.py), for the paper_* recipes
+    Mitigation("paper_no_ln_quant", "the authors' dont_quantize_layernorm: LN input, gain and bias unrounded, mean "
+               "and variance in fp32, the rest of the LN forward in bf16, its backward in fp32",
+               lambda r: r.replace(ln_precision="stats_fp32")),
+    Mitigation("paper_forward_only", "the authors' dont_quantize_backprop: backward GEMMs unquantized and the whole "
+               "backward in fp32", lambda r: r.replace(**_BACKWARD, backward_precision="fp32")),
+    Mitigation("paper_bump", "the authors' bump_up_overflow_exponent (E4M3 only): each position of a block gets the "
+               "floor exponent + 1 where the maximum over the tensor's blocks at that position exceeds 1.75·2^k "
+               "(their maximum runs over the wrong axis; compare 'rceil')", _paper_bump),
+)}
+
+
+def mitigate(recipe: "Recipe | str", names: str | Iterable[str]) -> "Recipe":
+    """``recipe`` changed by the named mitigations (in order); the result's
+    name records them (``mxfp8_e4m3+ln_exempt``), except that ``fp32`` gives
+    the ``fp32`` preset itself.
+
+    Raises:
+      ValueError: an unknown name (listing the valid ones).
+    """
+    r = get(recipe)
+    for n in [names] if isinstance(names, str) else list(names):
+        if n not in MITIGATIONS:
+            raise ValueError(f"unknown mitigation {n!r}; valid: {', '.join(MITIGATIONS)}")
+        new = MITIGATIONS[n](r)
+        r = new if new == PRESETS["fp32"] else new.replace(name=f"{r.name}+{n}")
+    return r
+
+
 def _uniform(name: str, element: str, *, rule: str = "floor", rounding: str = "even",
              ln_affine: bool = True, vector: str = "bf16") -> Recipe:
     s = MXSpec(element, scale_rule=rule, rounding=rounding)
@@ -231,8 +313,7 @@ def _paper_family() -> list[Recipe]:
         # inherits the forward activation format, so it stays E4M3
         _paper_code("paper_mix", e4, e5, e5, e4, e5),
         _paper_code("paper_fp6", fp6, fp6, fp6, fp6, fp6),
-        e4m3.replace(name="paper_forward_only", dgrad_g=None, dgrad_w=None, wgrad_x=None, wgrad_g=None,
-                     backward_precision="fp32"),
+        MITIGATIONS["paper_forward_only"](e4m3).replace(name="paper_forward_only"),
     ]
 
 
@@ -260,11 +341,7 @@ def _build_presets() -> dict[str, Recipe]:
         _uniform("mxfp6_e3m2", "fp6_e3m2"),
         _uniform("mxfp4", "fp4_e2m1"),
         _uniform("mxint8", "int8"),
-        e4m3.replace(name="forward_only", dgrad_g=None, dgrad_w=None, wgrad_x=None, wgrad_g=None),
-        e4m3.replace(name="bf16_activations", fwd_x=None, dgrad_g=None, wgrad_x=None, wgrad_g=None,
-                     ln_affine=None),
-        e4m3.replace(name="ln_exempt", ln_precision="fp32", ln_affine=None),
-        _uniform("rceil", "fp8_e4m3", rule="rceil"),
+        *(MITIGATIONS[n](e4m3).replace(name=n) for n in ("forward_only", "bf16_activations", "ln_exempt", "rceil")),
         _mixed("reference_mixed", "fp8_e4m3", "fp8_e5m2", rounding="away", ln_affine=False).replace(
             wgrad_x=MXSpec("fp8_e4m3", rounding="away"), vector_rounding="away"),
         *_paper_family(),
@@ -359,49 +436,3 @@ def table() -> str:
             f"{fmt(r.wgrad_x)}, {fmt(r.wgrad_g)} | {fmt(r.ln_affine)} | {vector(r)} | {_DESCRIPTIONS[n]} |"
         )
     return "\n".join(rows)
-
-
-def _spec_to_json(spec: MXSpec | None):
-    if spec is None:
-        return None
-    out = {"element": spec.element.name}
-    for f in dataclasses.fields(spec):
-        if f.name != "element" and (f.name in ("block_size", "scale_rule", "rounding")
-                                    or getattr(spec, f.name) != f.default):
-            out[f.name] = getattr(spec, f.name)  # newer knobs only when set: stored configs keep their hash
-    return out
-
-
-_NEWER_FIELDS = ("vector_rounding", "backward_precision", "train_ln_bias")
-
-
-def to_json(recipe: Recipe):
-    """The preset name if ``recipe`` is an unmodified preset, else a dict."""
-    if PRESETS.get(recipe.name) == recipe:
-        return recipe.name
-    out = {}
-    for f in dataclasses.fields(recipe):
-        v = getattr(recipe, f.name)
-        if f.name in _NEWER_FIELDS and v == f.default:
-            continue  # knobs added later appear only when set: stored configs keep their hash
-        if f.name == "overrides":
-            if v:
-                out[f.name] = [[p, to_json(r)] for p, r in v]
-        else:
-            out[f.name] = _spec_to_json(v) if isinstance(v, MXSpec) or f.name in _OPERANDS + ("ln_affine",) else v
-    return out
-
-
-def from_json(obj) -> Recipe:
-    """Inverse of :func:`to_json`."""
-    if isinstance(obj, (str, Recipe)):
-        return get(obj)
-    if not isinstance(obj, dict):
-        raise ValueError(f"cannot read a recipe from {obj!r}")
-    kw = dict(obj)
-    for f in _OPERANDS + ("ln_affine",):
-        if kw.get(f) is not None:
-            kw[f] = MXSpec(**kw[f])
-    if "overrides" in kw:
-        kw["overrides"] = tuple((p, from_json(r)) for p, r in kw["overrides"])
-    return Recipe(**kw)

@@ -1,20 +1,17 @@
-"""``train(config) -> Run``: the host loop around the compiled segments."""
+"""``Run``: the result of one training run, and the metrics table it carries."""
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any
 
-import jax
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
+from proxy import controllers
 from proxy.config import Config
-from proxy.engine import Program, TrainState, dynamic_for, program_for
 
-__all__ = ["Run", "train", "metrics_frame"]
+__all__ = ["Run", "metrics_frame", "segment_length"]
 
 
 @dataclasses.dataclass
@@ -60,8 +57,6 @@ class Run:
         ``step`` (first step the unit ran promoted, or back in low
         precision), ``unit``, ``event`` (``promote``/``release``) and the
         ``gnmr``/``delta_gnmr`` that triggered it. Empty without a controller."""
-        from proxy import controllers
-
         depth = self.config.depth
         names = controllers.unit_names(depth)
         cols = [f"promoted/{n}" for n in names]
@@ -93,8 +88,7 @@ def metrics_frame(metrics: dict[str, np.ndarray], start: int = 0) -> pd.DataFram
     per-block arrays ``name/block`` become ``name/block_0`` … columns, and
     per-unit arrays ``name/unit`` (T, 2·depth) of the stability controller
     ``name/block_0/ln``, ``name/block_0/gemm`` … columns."""
-    from proxy.controllers import unit_names
-
+    unit_names = controllers.unit_names
     cols: dict[str, np.ndarray] = {}
     n = None
     for name, arr in metrics.items():
@@ -123,54 +117,3 @@ def segment_length(config: Config, t: int) -> int:
     n = min(config.chunk - t % config.chunk, config.steps - t)
     later = [c for c in config.checkpoint_steps() if c > t]
     return min(n, later[0] - t) if later else n
-
-
-def _run_loop(program: Program, config: Config, state: TrainState, dyn, teacher, start: int,
-              progress: bool, on_segment=None, frames=None):
-    """Train from ``start`` to ``config.steps``; returns (state, frames).
-    ``on_segment(t, state, frames)`` runs after each segment (checkpoints)."""
-    frames = list(frames or [])
-    bar = tqdm(total=config.steps, initial=start, disable=not progress, desc=config.recipe.name,
-               unit="step", leave=False)
-    t = start
-    while t < config.steps:
-        n = segment_length(config, t)
-        val = float(program.val_loss(state.params, dyn, teacher)) if config.val_every and t % config.val_every == 0 else None
-        state, m = program.run_segment(state, dyn, teacher, np.int32(t), **program.segment_shape(t, n))
-        frame = metrics_frame(jax.device_get(m), start=t)
-        frame["val_loss"] = np.nan
-        if val is not None:
-            frame.loc[frame.index[0], "val_loss"] = val
-        frames.append(frame)
-        t += n
-        bar.update(n)
-        if on_segment is not None:
-            on_segment(t, state, frames)
-        if bool(state.diverged):
-            break
-    bar.close()
-    return state, frames
-
-
-def finish(config: Config, state: TrainState, frames, t0: float, info=None) -> Run:
-    metrics = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame({"step": []})
-    diverged_at = int(state.diverged_at) if bool(state.diverged) else None
-    if diverged_at is not None:
-        metrics = metrics[metrics["step"] <= diverged_at].reset_index(drop=True)
-    return Run(config, metrics, diverged_at, jax.device_get(state.params), time.perf_counter() - t0, info or {})
-
-
-def train(config: Config, *, progress: bool = True, store=None, force: bool = False) -> Run:
-    """Train the student of ``config`` from its seed; see :class:`Run`.
-
-    Never raises on divergence: a NaN/Inf or spiking loss stops the run
-    cleanly with ``diverged_at`` set and everything before it kept.
-
-    ``store``: a run-store folder (``None``: ``$PROXY_STORE`` or ``runs/``;
-    ``False``: memory only). A config already stored there is loaded instead
-    of trained (``force=True`` retrains); a run interrupted after a
-    checkpoint resumes from it. See :mod:`proxy.experiments`.
-    """
-    from proxy import experiments  # the store and checkpoints sit above this module
-
-    return experiments.train(config, progress=progress, store=store, force=force)

@@ -109,6 +109,11 @@ class Scale:
       stress_note: what is known about the stress setting at this scale.
       campaign: the paper's headline runs at this scale (:class:`Campaign`),
         or ``None``.
+      ablation_cells: (activation, norm) cells of the Fig. 3 ablation.
+      gradient_recipes: recipes of the Fig. 4 runs (against the same-point reference).
+      interventions: names of :data:`proxy.recipe.MITIGATIONS` applied in-situ for Fig. 7.
+      beyond_systems: the systems of notebook 09 (names of
+        :data:`proxy.beyond.SYSTEMS`), or ``None`` for all of them.
     """
 
     name: str
@@ -124,6 +129,12 @@ class Scale:
     stress_seeds: tuple[int, ...] = (0,)
     stress_note: str = ""
     campaign: Campaign | None = None
+    ablation_cells: tuple[tuple[str, str], ...] = (
+        tuple((a, "layernorm") for a in ("gelu", "relu", "swiglu", "relu2", "silu"))
+        + tuple(("gelu", n) for n in ("rmsnorm", "layernorm_noaffine", "none")))
+    gradient_recipes: tuple[str, ...] = ("mxfp8_e4m3", "mxfp6_e2m3", "mxfp4")
+    interventions: tuple[str, ...] = ("fp32", "ln_exempt", "rceil", "bf16_activations")
+    beyond_systems: tuple[str, ...] | None = None
 
     def __post_init__(self):
         early, late = self.intervention_steps
@@ -178,12 +189,17 @@ _SMOKE = Scale(
     widths=(32, 64),
     sgd_lr=0.1,
     note="CI only: every code path and metric, no phenomenon.",
+    # few cells, recipes and interventions: the smoke scale compiles few distinct programs
+    ablation_cells=(("gelu", "layernorm"), ("relu2", "rmsnorm"), ("silu", "layernorm_noaffine")),
+    gradient_recipes=("mxfp8_e4m3",),
+    interventions=("fp32", "ln_exempt"),
+    beyond_systems=("fp32", "mxfp4", "ln_exempt", "mxfp4_2d", "nvfp4", "ngpt + nvfp4", "gnmr + mxfp4"),
     stress={"lr": 0.1},
     stress_seeds=(0,),
     campaign=Campaign(grid_widths=(32,), grid_lrs=(3e-3, 1e-2), grid_recipes=("fp32", "paper_e4m3"), grid_steps=40,
                       grid_diagnostics_every=20, paired_recipes=("paper_e4m3",), paired_widths=(32,),
                       paired_lrs=(3e-3,), paired_steps=60, intervention_steps=(30,),
-                      interventions=("fp32", "paper_no_ln_quant"), controls=(("fp32", "fp32", 1),)),
+                      interventions=("fp32", "paper_no_ln_quant", "paper_bump"), controls=(("fp32", "fp32", 1),)),
     stress_note="CI only: a 33x higher LR (the resmlp runs end 3-11x above their base loss, no 100x spike); "
                 "only a dynamic field changes, so the stress runs reuse the base runs' compiled programs.",
 )
@@ -238,6 +254,10 @@ _MEDIUM = Scale(
          "committed under results/medium/.",
     campaign=Campaign(paired_recipes=("paper_e4m3", "mxfp8_e4m3"), paired_widths=(128, 256), paired_lrs=(6e-4,),
                       paired_steps=7000, controls=(("fp32", "fp32", 1),)),
+    stress={"lr": 1e-3, "diagnostics_every": 0},
+    stress_seeds=(0, 1, 2),
+    stress_note="NOT RUN: a guess, the top of the paper's LR sweep (1e-3); the campaign's runs at LR 6e-4 are "
+                "the medium scale's measurements.",
 )
 
 _PAPER = Scale(
@@ -256,7 +276,7 @@ _PAPER = Scale(
     campaign=Campaign(grid_widths=(256, 512), grid_lrs=(1e-4, 5e-4, 6e-4, 1e-3),
                       grid_recipes=("fp32", "paper_mix", "paper_fp6", "paper_e4m3"), grid_steps=7000,
                       paired_recipes=("paper_e4m3",), paired_widths=(512,), paired_lrs=(6e-4,), paired_steps=9000,
-                      intervention_steps=(4500, 5080), interventions=("fp32", "paper_no_ln_quant"),
+                      intervention_steps=(4500, 5080), interventions=("fp32", "paper_no_ln_quant", "paper_bump"),
                       controls=(("fp32", "fp32", 1), ("bf16", "fp32", 0))),
     stress_note="NOT RUN (a GPU job); a guess, not verified: the top of the paper's LR sweep (1e-3). The base "
                 "config itself diverged once in MXFP8 E4M3 near step 5100 in the paper.",
@@ -269,12 +289,14 @@ def names() -> tuple[str, ...]:
     return tuple(SCALES)
 
 
-def get(name: str) -> Scale:
-    """The named scale.
+def get(name: "str | Scale") -> Scale:
+    """The named scale (a :class:`Scale` passes through).
 
     Raises:
       ValueError: naming the unknown value and the valid scales.
     """
+    if isinstance(name, Scale):
+        return name
     if isinstance(name, str) and name in SCALES:
         return SCALES[name]
     raise ValueError(f"unknown scale {name!r}; valid: {', '.join(SCALES)}")

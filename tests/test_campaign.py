@@ -50,7 +50,7 @@ def test_smoke_campaign_exports_every_kind_and_loads_back(smoke):
         cfg = json.loads((out / "results" / r.info["label"] / "config.json").read_text())
         assert cfg["width"] == r.config.width
     children = [r for r in runs if r.info["kind"] == "intervention"]
-    assert {r.info["intervention"]["apply"][0] for r in children} == {"fp32", "paper_no_ln_quant"}
+    assert {r.info["intervention"]["apply"][0] for r in children} == {"fp32", "paper_no_ln_quant", "paper_bump"}
     for c in children:  # a child shares its parent's metrics before the intervention step
         at = c.info["intervention"]["at_step"]
         before = c.metrics[c.metrics.step < at]
@@ -70,15 +70,14 @@ def test_headline_figures_come_from_the_largest_scale_with_results(smoke, tmp_pa
     root = tmp_path / "results"
     root.mkdir()
     (root / "smoke").symlink_to(out / "results")
-    monkeypatch.setenv("PROXY_RESULTS", str(root))
-    scale, runs = figures.headline_source(("paired",))
+    scale, runs = figures.headline_source(("paired",), root)
     assert scale == "smoke" and runs
     written = figures.generate(["headline_zeta", "headline_interventions"], scale="smoke", out=str(tmp_path / "f"),
-                               log=lambda *_: None)
+                               results=str(root), log=lambda *_: None)
     assert len(written) == 2
-    monkeypatch.setenv("PROXY_RESULTS", str(tmp_path / "empty"))
     with pytest.raises(ValueError, match="needs campaign results"):
-        figures.generate(["headline_zeta"], scale="smoke", out=str(tmp_path / "f"), log=lambda *_: None)
+        figures.generate(["headline_zeta"], scale="smoke", out=str(tmp_path / "f"), results=str(tmp_path / "empty"),
+                         log=lambda *_: None)
 
 
 def test_campaign_figures_draw_everything_a_results_folder_holds(smoke, tmp_path):

@@ -7,7 +7,6 @@ import pytest
 
 import proxy
 from proxy import checkpoint as C
-from proxy import experiments as E
 from proxy.engine import dynamic_for, program_for
 
 BASE = proxy.Config(width=32, depth=2, batch=64, steps=40, diagnostics_every=10, val_every=20,
@@ -55,7 +54,9 @@ def test_resume_reproduces_uninterrupted_run(parent, tmp_path):
     # simulate a kill after the checkpoint: a fresh store holding only the checkpoint
     import shutil
     key = parent.info["key"]
-    shutil.copytree(ckdir, tmp_path / key / "checkpoints")
+    from conftest import killed_run_folder
+
+    shutil.copytree(ckdir, f"{killed_run_folder(tmp_path, key)}/checkpoints")  # a killed trainer's checkpoints
     resumed = proxy.train(parent.config, store=tmp_path, progress=False)
     assert resumed.info.get("resumed_from") == 20
     assert_same(resumed, parent)
@@ -66,12 +67,12 @@ def test_checkpoint_between_chunks_and_memory_checkpoints():
     run = proxy.train(cfg, store=False, progress=False)
     assert sorted(run.checkpoints) == [10, 20, 30]
     assert_same(run, proxy.train(BASE.replace(steps=30), store=False, progress=False))
-    child = E.intervene(run, 10, store=False, progress=False)  # no-op, from memory, mid-chunk
+    child = proxy.intervene(run, 10, store=False, progress=False)  # no-op, from memory, mid-chunk
     assert_same(child, run)
 
 
 def test_noop_intervention_reproduces_parent(parent):
-    child = E.intervene(parent, 20, progress=False)
+    child = proxy.intervene(parent, 20, progress=False)
     assert_same(child, parent)
     for k in parent.params:
         for leaf in parent.params[k]:
@@ -79,12 +80,12 @@ def test_noop_intervention_reproduces_parent(parent):
     assert child.info["parent"] == parent.info["key"]
     assert child.info["intervention"]["at_step"] == 20
     assert child.path is not None and child.path != parent.path
-    again = E.intervene(parent.path, 20, progress=False)  # by folder; loaded from the store
+    again = proxy.intervene(parent.path, 20, progress=False)  # by folder; loaded from the store
     assert again.path == child.path
 
 
 def test_intervention_to_full_precision(parent):
-    child = E.intervene(parent, 20, apply="fp32", progress=False)
+    child = proxy.intervene(parent, 20, apply="fp32", progress=False)
     assert child.config.recipe.name == "fp32"
     assert_same(child, parent, steps=20)  # the parent's history is kept
     after = child.metrics[child.metrics["step"] >= 20]
@@ -97,32 +98,32 @@ def test_intervention_to_full_precision(parent):
 
 def test_named_interventions():
     r = proxy.recipes.get("mxfp8_e4m3")
-    got = {n: E.apply_interventions(r, n) for n in E.INTERVENTIONS}
+    got = {n: proxy.mitigate(r, n) for n in proxy.MITIGATIONS}
     assert got["fp32"].is_full_precision
     assert got["ln_exempt"].ln_precision == "fp32" and got["ln_exempt"].ln_affine is None
     assert all(getattr(got["rceil"], f).scale_rule == "rceil" for f in ("fwd_x", "fwd_w", "dgrad_g", "wgrad_g"))
     a = got["bf16_activations"]
     assert a.fwd_x is None and a.dgrad_g is None and a.wgrad_x is None and a.fwd_w is not None
-    assert not got["backward_unquantized"].quantizes_backward and got["backward_unquantized"].fwd_x is not None
-    assert got["gelu_unquantized"].act_precision == "fp32"
+    assert not got["forward_only"].quantizes_backward and got["forward_only"].fwd_x is not None
+    assert got["act_fp32"].act_precision == "fp32"
     w = got["bf16_weights"]
     assert w.fwd_w is None and w.dgrad_w is None and w.fwd_x is not None and w.vector == "bf16"
     assert got["ln_exempt"].name == "mxfp8_e4m3+ln_exempt"
-    both = E.apply_interventions(r, ["ln_exempt", "gelu_unquantized"])
+    both = proxy.mitigate(r, ["ln_exempt", "act_fp32"])
     assert both.ln_precision == "fp32" and both.act_precision == "fp32"
 
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(at_step=60), r"at_step 60 is beyond the run .*checkpoints at: \[20\]"),
     (dict(at_step=10), r"no checkpoint at step 10; checkpoints at: \[20\]"),
-    (dict(at_step=20, apply="nope"), "unknown intervention 'nope'; valid: fp32, ln_exempt"),
+    (dict(at_step=20, apply="nope"), "unknown mitigation 'nope'; valid: fp32, ln_exempt"),
     (dict(at_step=20, width=64), "cannot change mid-run.*changeable: recipe, lr"),
     (dict(at_step=20, recipe="mxfp9"), "unknown recipe 'mxfp9'"),
     (dict(at_step=20, steps=20), r"steps \(20\) must exceed at_step"),
 ])
 def test_intervention_bad_input(parent, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        E.intervene(parent, progress=False, **kwargs)
+        proxy.intervene(parent, progress=False, **kwargs)
 
 
 def test_checkpoint_steps_validated():
@@ -138,7 +139,7 @@ def test_paired_run_reference_matches_the_fp32_run(tmp_path):
     is the separate FP32 run's loss, and the paired state checkpoints and
     resumes with the rest (also inside a sweep)."""
     paired = BASE.replace(gradient_reference="paired_run", checkpoint_at=(20,))
-    sw = E.sweep(paired, store=tmp_path, progress=False, lr=[1e-3, 3e-3])
+    sw = proxy.sweep(paired, store=tmp_path, progress=False, lr=[1e-3, 3e-3])
     fp32 = [proxy.train(BASE.replace(recipe="fp32", lr=lr), store=False, progress=False) for lr in (1e-3, 3e-3)]
     for mx, ref in zip(sw.runs, fp32):
         np.testing.assert_allclose(mx.metrics["ref_loss"], ref.metrics["loss"], rtol=1e-5)
@@ -146,8 +147,8 @@ def test_paired_run_reference_matches_the_fp32_run(tmp_path):
     run = sw.runs[1]
     state, _ = C.restore(run.path + "/checkpoints", 20, C.template(program_for(paired), dynamic_for(paired)))
     assert state.ref_params is not None
-    child = E.intervene(run, 20, progress=False)
+    child = proxy.intervene(run, 20, progress=False)
     assert_same(child, run)
     # turning the pairing on at an intervention starts it from the current weights
-    on = E.intervene(sw.runs[0], 20, gradient_reference="same_point", progress=False)
+    on = proxy.intervene(sw.runs[0], 20, gradient_reference="same_point", progress=False)
     assert "ref_loss" not in on.metrics.columns or on.metrics.loc[on.metrics.step >= 20, "ref_loss"].isna().all()

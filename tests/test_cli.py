@@ -21,7 +21,7 @@ def test_train_writes_the_run_and_reloads_it(tmp_path):
     first = _cli(*args, tmp_path=tmp_path)
     assert first.returncode == 0, first.stderr
     assert "mxfp8_mixed" in first.stdout and "20 steps" in first.stdout
-    (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    (folder,) = [p for p in tmp_path.iterdir() if p.is_dir() and not p.name.startswith(".")]
     config = json.loads((folder / "config.json").read_text())
     assert config["recipe"] == "mxfp8_mixed" and config["width"] == 32
     assert (folder / "metrics.parquet").exists()

@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 
 import proxy
-from proxy import experiments as E
+from proxy import runner
+from proxy.sweeps import members
 
 # Tiny, but with every moving part: MX recipe, diagnostics, validation.
 BASE = proxy.Config(width=32, depth=2, batch=64, steps=40, diagnostics_every=10, val_every=20,
@@ -43,13 +44,12 @@ def singles():
 
 def single(singles, cfg):
     if cfg.hash() not in singles:
-        singles[cfg.hash()] = proxy.train(cfg, store=False, progress=False)
+        singles[cfg.hash()] = proxy.train(cfg, progress=False)
     return singles[cfg.hash()]
 
 
 def test_vmapped_sweep_equals_individual_runs(singles):
-    sw = proxy.sweep(BASE, store=False, progress=False, lr=LRS, seed=SEEDS) if hasattr(proxy, "sweep") else \
-        E.sweep(BASE, store=False, progress=False, lr=LRS, seed=SEEDS)
+    sw = proxy.sweep(BASE, progress=False, lr=LRS, seed=SEEDS)
     assert len(sw) == 8
     assert [(c.lr, c.seed) for c in sw.configs] == [(lr, s) for lr in LRS for s in SEEDS]
     for cfg, run in zip(sw.configs, sw.runs):
@@ -69,7 +69,7 @@ def test_vmapped_sweep_equals_individual_runs(singles):
 
 def test_diverging_member_is_masked(singles):
     lrs = [1e-4, 3e-4, 1e-3, 1e4]  # the last one is absurd
-    sw = E.sweep(BASE, store=False, progress=False, lr=lrs, seed=SEEDS)
+    sw = proxy.sweep(BASE, progress=False, lr=lrs, seed=SEEDS)
     for cfg, run in zip(sw.configs, sw.runs):
         if cfg.lr == 1e4:
             assert run.diverged_at is not None and run.diverged_at < BASE.steps
@@ -87,18 +87,17 @@ SHARDED = textwrap.dedent("""
     import json, sys
     import jax, numpy as np
     import proxy
-    from proxy import experiments as E
     assert len(jax.devices()) == 2, jax.devices()
     cfg = proxy.Config(width=32, depth=2, batch=64, steps=20, diagnostics_every=10, val_every=10, recipe="fp32")
     axes = dict(lr=[1e-3, 3e-3, 1e-2], seed=[0])           # 3 members: padded to 4 over 2 devices
-    a = E.sweep(cfg, store=False, progress=False, shard=True, **axes)
-    b = E.sweep(cfg, store=False, progress=False, shard=False, **axes)
+    a = proxy.sweep(cfg, progress=False, shard=True, **axes)
+    b = proxy.sweep(cfg, progress=False, shard=False, **axes)
     out = []
     for ra, rb in zip(a.runs, b.runs):
         same = all(np.array_equal(ra.metrics[c].to_numpy(), rb.metrics[c].to_numpy(), equal_nan=True)
                    for c in ra.metrics.columns) and list(ra.metrics.columns) == list(rb.metrics.columns)
         out.append(bool(same))
-    single = proxy.train(cfg.replace(lr=3e-3), store=False, progress=False)
+    single = proxy.train(cfg.replace(lr=3e-3), progress=False)
     out.append(bool(np.array_equal(single.metrics["loss"].to_numpy(), a.runs[1].metrics["loss"].to_numpy())))
     print(json.dumps(out))
 """)
@@ -122,16 +121,16 @@ def test_sharded_sweep_equals_single_device():
 ])
 def test_sweep_bad_input(axes, match):
     with pytest.raises(ValueError, match=match):
-        E.sweep(BASE, store=False, progress=False, **axes)
+        proxy.sweep(BASE, progress=False, **axes)
 
 
 def test_sweep_scalar_axis_and_group_key():
-    axes, configs = E._members(BASE, dict(lr=3e-4, recipe=["fp32", "mxfp8_e4m3"]))
+    axes, configs = members(BASE, dict(lr=3e-4, recipe=["fp32", "mxfp8_e4m3"]))
     assert axes == {"lr": [3e-4], "recipe": ["fp32", "mxfp8_e4m3"]}
     assert [c.recipe.name for c in configs] == ["fp32", "mxfp8_e4m3"]
     # dynamic fields share a group; a recipe starts a new one
-    assert E._group_key(BASE.replace(lr=1.0, seed=3)) == E._group_key(BASE)
-    assert E._group_key(BASE.replace(recipe="fp32")) != E._group_key(BASE)
+    assert runner._group_key(BASE.replace(lr=1.0, seed=3)) == runner._group_key(BASE)
+    assert runner._group_key(BASE.replace(recipe="fp32")) != runner._group_key(BASE)
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -163,7 +162,7 @@ def test_cli_sweep_parses_axes():
     (["sweep", "--recipe", "mxfp9"], "unknown recipe 'mxfp9'"),
     (["sweep", "--width", "0"], "width must be a positive integer"),
     (["intervene", "/nonexistent/run", "--at-step", "10"], "not a complete stored run"),
-    (["intervene", "/nonexistent/run", "--at-step", "10", "--apply", "nope"], "unknown intervention 'nope'"),
+    (["intervene", "/nonexistent/run", "--at-step", "10", "--apply", "nope"], "invalid choice: 'nope'"),
 ])
 def test_cli_bad_input_exits_2(argv, match, capsys):
     from proxy.experiments_cli import main
@@ -182,11 +181,12 @@ def test_cli_sweep_and_intervene_end_to_end(tmp_path, capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "2 members" in out
-    run_dir = next(p for p in store.iterdir() if json.loads((p / "config.json").read_text())["lr"] == 3e-4)
+    entries = [p for p in store.iterdir() if (p / "run.json").exists()]
+    run_dir = next(p for p in entries if json.loads((p / "config.json").read_text())["lr"] == 3e-4)
     assert main(["intervene", str(run_dir), "--at-step", "20", "--quiet"]) == 0
     child = [p for p in store.iterdir() if (p / "run.json").exists() and p != run_dir and
              json.loads((p / "run.json").read_text())["info"].get("parent")]
     assert len(child) == 1
-    parent, kid = E.load(run_dir), E.load(child[0])
+    parent, kid = proxy.load(run_dir), proxy.load(child[0])
     assert_same_run(parent, kid)
     assert kid.info["intervention"]["at_step"] == 20

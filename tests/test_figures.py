@@ -11,16 +11,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from proxy import Config, beyond, paper, plots
-from proxy.figures import FIGURES
+from proxy import Config, analysis, beyond, paper, plots
+from proxy.figures import FIGURES, HEADLINE
 from proxy.run import Run
 
 PAPER_FIGURES = {"lr_sweep": 2, "ablations": 3, "gradient_bias": 4, "sawtooth": 5, "ln_clamping": 5, "mitigations": 6,
                  "interventions": 7, "spikes_vs_shape": 9, "sgd_momentum": 10, "init_ablation": 11}
 
 
-def _figures(out, env, *extra):
-    return subprocess.run([sys.executable, "-m", "proxy.cli", "figures", "--scale", "smoke", "--out", str(out), *extra],
+def _figures(out, env, store, *extra):
+    return subprocess.run([sys.executable, "-m", "proxy.cli", "figures", "--scale", "smoke", "--out", str(out),
+                           "--store", str(store), "--results", str(out / "no-results"), *extra],
                           env=env, capture_output=True, text=True, timeout=1800)
 
 
@@ -53,21 +54,23 @@ def test_beyond_figure_has_an_entry_and_draws_a_table():
 @pytest.mark.slow
 def test_figures_command_writes_every_png_at_smoke_and_reuses_runs(tmp_path, tmp_path_factory):
     store = tmp_path / "runs"
-    env = dict(os.environ, PROXY_RUNS=str(store), MPLBACKEND="Agg",
+    env = dict(os.environ, MPLBACKEND="Agg",
                JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.getbasetemp() / "jax-cache"))
     out = tmp_path / "figs"
-    first = _figures(out, env)
+    first = _figures(out, env, store)
     assert first.returncode == 0, first.stderr[-4000:]
-    assert sorted(p.name for p in out.iterdir()) == sorted(f"{name}.png" for name in FIGURES)
-    for name in FIGURES:
+    trained = [name for name in FIGURES if name not in HEADLINE]  # no campaign results here: headline figures skip
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"{name}.png" for name in trained)
+    assert "skipping headline_zeta" in first.stdout
+    for name in trained:
         assert (out / f"{name}.png").stat().st_size > 10_000, name
-    keys = sorted(p.name for p in store.iterdir())
+    keys = sorted(p.name for p in store.iterdir() if not p.name.startswith("."))
     assert len(keys) >= 20  # every experiment stored its runs
 
-    again = _figures(tmp_path / "again", env, "--only", "lr_sweep", "interventions", "--pdf")
+    again = _figures(tmp_path / "again", env, store, "--only", "lr_sweep", "interventions", "--pdf")
     assert again.returncode == 0, again.stderr[-4000:]
     assert "to train)" not in again.stderr  # nothing retrained: every run came from the store
-    assert sorted(p.name for p in store.iterdir()) == keys
+    assert sorted(p.name for p in store.iterdir() if not p.name.startswith(".")) == keys
     assert {p.name for p in (tmp_path / "again").iterdir()} == {"lr_sweep.png", "lr_sweep.pdf", "interventions.png",
                                                                 "interventions.pdf"}
 
@@ -77,7 +80,7 @@ def test_figures_command_writes_every_png_at_smoke_and_reuses_runs(tmp_path, tmp
         assert beyond.config(system, smoke).hash() in keys, system
         for seed in smoke.stress_seeds:
             assert beyond.config(system, smoke, "stress").replace(seed=seed).hash() in keys, system
-    third = _figures(tmp_path / "beyond", env, "--only", "beyond")
+    third = _figures(tmp_path / "beyond", env, store, "--only", "beyond")
     assert third.returncode == 0, third.stderr[-4000:]
     assert "to train)" not in third.stderr
     assert (tmp_path / "beyond" / "beyond.png").stat().st_size > 10_000
@@ -96,28 +99,28 @@ def _run(losses, diverged_at=None, steps=None):
 
 def test_instability_finds_slow_blowups_spikes_and_divergence():
     calm = _run(np.full(300, 0.1))
-    assert paper.instability(calm) == {"diverged_at": None, "blowup_at": None, "spikes": 0, "max_jump": 1.0}
+    assert analysis.instability(calm) == {"diverged_at": None, "blowup_at": None, "spikes": 0, "max_jump": 1.0}
     loss = np.full(300, 0.1)
     loss[150:160] = np.geomspace(0.2, 2.0, 10)  # a multi-step blow-up past 10x at step 157, never 100x in one step
     loss[250] = 5.0  # and an isolated spike
-    s = paper.instability(_run(loss))
+    s = analysis.instability(_run(loss))
     assert s["blowup_at"] == 157 and s["spikes"] == 2 and s["diverged_at"] is None
     assert s["max_jump"] == pytest.approx(50.0)
     first_steps = np.full(300, 0.1)
     first_steps[:30] = 1.0  # the initial transient is skipped
-    assert paper.instability(_run(first_steps))["blowup_at"] is None
+    assert analysis.instability(_run(first_steps))["blowup_at"] is None
     div = np.full(200, 0.1)
     div[-1] = np.inf
-    d = paper.instability(_run(div, diverged_at=199, steps=300))
+    d = analysis.instability(_run(div, diverged_at=199, steps=300))
     assert d["diverged_at"] == 199 and d["spikes"] == 1
 
 
 def test_summary_names_varying_fields_and_diagnostics():
     a, b = _run(np.full(100, 0.1)), _run(np.full(100, 0.2))
     b.config = b.config.replace(lr=1e-2, recipe="mxfp8_e4m3")
-    df = paper.summary([a, b])
+    df = analysis.summary([a, b])
     assert list(df["recipe"]) == ["fp32", "mxfp8_e4m3"] and list(df["lr"]) == [6e-4, 1e-2]
     assert df["zeta_median"].tolist() == [0.5, 0.5] and df["final_loss"].tolist() == pytest.approx([0.1, 0.2])
-    assert paper.clamp_window(a) is not None
-    split = paper.zeta_by_clamping(a)
+    assert analysis.clamp_window(a) is not None
+    split = analysis.zeta_by_clamping(a)
     assert split["steps_clamping"] + split["steps_other"] == 10

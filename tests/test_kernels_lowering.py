@@ -1,19 +1,15 @@
 """GPU lowering check without a GPU: every supported kernel configuration is
 lowered for CUDA on this (CPU) machine, so Pallas-Triton lowering errors fail CI.
 
-What this covers (jaxlib <= 0.10.2): Pallas lowers the kernel jaxpr to a
-Triton-dialect (TTIR) module in Python, which catches unsupported primitives,
-non-power-of-two load/store shapes, dtype and layout mistakes; the module is
-embedded in an XLA custom call ``__gpu$xla.gpu.triton`` and only compiled to
-PTX by XLA:GPU when the program is compiled on a GPU. The tests additionally
-parse the embedded TTIR back and run the MLIR verifier on it.
-
-What it cannot cover: Triton's own TTIR -> TTGIR -> PTX passes (register
-allocation, shared memory limits, tensor-core layouts) need a GPU build; those
-run in ``tests/test_kernels_gpu.py`` on a GPU. From jaxlib 0.10.3 on, Pallas
-compiles TTIR to PTX during lowering through a handler the CUDA plugin
-registers (``jax._src.lib.triton.register_compilation_handler``); on a
-CPU-only install of such a jaxlib the check is skipped with that reason.
+Pallas lowers each kernel to a Triton-dialect (TTIR) module, embedded in an
+XLA custom call ``__gpu$xla.gpu.triton``; ``kernels.compile_check.triton_kernels``
+pulls every module out, runs the MLIR verifier and returns its text. That
+catches unsupported primitives, non-power-of-two shapes, dtype and layout
+mistakes. Taking the TTIR on to PTX and cubin (registers, spills, shared
+memory) needs Triton's own compiler: ``tests/test_kernels_ptx.py``. From
+jaxlib 0.10.3 on, Pallas compiles TTIR during lowering through a handler only
+the CUDA plugin registers; on a CPU-only install of such a jaxlib these tests
+skip with that reason.
 """
 
 from __future__ import annotations
@@ -25,69 +21,24 @@ import jax.numpy as jnp
 import pytest
 
 import proxy
-from kernels import backend
+from kernels import backend, tuning
+from kernels import compile_check as cc
+from kernels import mx_gemm
 from kernels import mx_matmul as mm
+from kernels import mx_operand as mop
 from kernels import mx_quantize as mxq
 
-TRITON_CALL = "__gpu$xla.gpu.triton"
-
-
-def _lowering_possible() -> tuple[bool, str]:
-    from jax._src.lib import triton as triton_lib
-    from jax._src.lib import version as jaxlib_version
-
-    if jaxlib_version <= (0, 10, 2) or triton_lib.has_compilation_handler(backend.LOWERING_PLATFORM):
-        return True, ""
-    return False, (f"jaxlib {'.'.join(map(str, jaxlib_version))} compiles Triton IR during lowering and no CUDA "
-                   "Triton compilation handler is registered (install jax[cuda12] / jax-cuda12-plugin)")
-
-
-_POSSIBLE, _WHY_NOT = _lowering_possible()
+_POSSIBLE, _WHY_NOT = cc.lowering_possible()
 pytestmark = pytest.mark.skipif(not _POSSIBLE, reason=_WHY_NOT)
 
-
-def _triton_modules(lowered):
-    """(kernel name, TTIR bytes) of every Triton custom call in a lowered module."""
-    from jax._src.lib.mlir import ir
-
-    found = []
-
-    def walk(op):
-        for region in op.regions:
-            for block in region.blocks:
-                for child in block.operations:
-                    child = child.operation
-                    if child.name == "stablehlo.custom_call":
-                        attrs = child.attributes
-                        if ir.StringAttr(attrs["call_target_name"]).value == TRITON_CALL:
-                            cfg = ir.DictAttr(attrs["mhlo.backend_config"])
-                            found.append((ir.StringAttr(cfg["name"]).value, ir.StringAttr(cfg["ir"]).value_bytes))
-                    walk(child)
-
-    walk(lowered.compiler_ir("stablehlo").operation)
-    return found
+FUSED = ["mx_quantize_operand", "mx_quantize_operand", "mx_gemm"]
 
 
-def lower_for_cuda(f, *args) -> list[str]:
+def kernel_names(f, *args) -> list[str]:
     """Lower ``f(*args)`` for CUDA, verify every embedded TTIR module; returns the kernel names."""
-    lowered = jax.jit(f).trace(*args).lower(lowering_platforms=(backend.LOWERING_PLATFORM,))
-    from jax._src.lib import version as jaxlib_version
-
-    if jaxlib_version > (0, 10, 2):  # newer jaxlib: PTX is embedded instead, already compiled
-        assert "triton_kernel_call" in lowered.as_text()
-        return []
-    modules = _triton_modules(lowered)
-    assert modules, "no Triton kernel in the lowered program"
-    from jax._src.lib.mlir import ir
-    from jax._src.pallas.triton import lowering as triton_lowering  # its context registers the tt dialect
-
-    with triton_lowering._new_ir_context():
-        for name, ttir in modules:
-            module = ir.Module.parse(ttir)
-            assert module.operation.verify(), name
-            text = str(module)
-            assert "tt.func" in text
-    return [name for name, _ in modules]
+    kernels = cc.triton_kernels(cc.lower_for_cuda(f, *args))
+    assert all("tt.func" in k.ttir for k in kernels)
+    return [k.name for k in kernels]
 
 
 SPECS = [proxy.MXSpec(f, scale_rule=r, rounding=m) for f in mxq.MX_FORMATS for r in ("floor", "rceil")
@@ -99,29 +50,37 @@ B = jax.ShapeDtypeStruct((320, 192), jnp.float32)
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
 def test_fused_matmul_lowers(spec):
     f = functools.partial(mm.mx_matmul, a_spec=spec, b_spec=spec, interpret=False)
-    assert lower_for_cuda(f, A, B) in ([], ["mx_matmul"])
+    assert kernel_names(f, A, B) == FUSED
 
 
 @pytest.mark.parametrize("a_spec,b_spec,kw", [
     (proxy.MXSpec("fp8_e4m3"), proxy.MXSpec("fp8_e5m2"), {}),
-    (proxy.MXSpec("fp8_e4m3"), None, {}),
-    (None, proxy.MXSpec("fp4_e2m1"), {}),
+    (proxy.MXSpec("fp8_e4m3"), proxy.MXSpec("fp4_e2m1"), {"block_sizes": (64, 64, 32)}),
     (proxy.MXSpec("fp8_e4m3"), proxy.MXSpec("fp8_e4m3"), {"block_sizes": (128, 128, 64)}),
     (proxy.MXSpec("fp8_e4m3"), proxy.MXSpec("int8", block_size=64), {"block_sizes": (32, 64, 128)}),
+    (proxy.MXSpec("fp6_e2m3", block_size=16), proxy.MXSpec("fp8_e5m2"), {}),
     (proxy.MXSpec("fp8_e4m3"), proxy.MXSpec("fp8_e4m3"), {"out_dtype": jnp.bfloat16}),
-], ids=["mixed", "b_none", "a_none", "tiles128", "bs64", "out_bf16"])
+], ids=["mixed", "fp4_bk32", "tiles128", "bs64", "bs16", "out_bf16"])
 def test_fused_matmul_variants_lower(a_spec, b_spec, kw):
     f = functools.partial(mm.mx_matmul, a_spec=a_spec, b_spec=b_spec, interpret=False, **kw)
-    lower_for_cuda(f, A, B)
+    assert kernel_names(f, A, B) == FUSED
+
+
+@pytest.mark.parametrize("a_spec,b_spec", [(proxy.MXSpec("fp8_e4m3"), None), (None, proxy.MXSpec("fp4_e2m1")),
+                                           (None, None)], ids=["b_none", "a_none", "both_none"])
+def test_unquantized_gemms_never_go_through_pallas(a_spec, b_spec):
+    f = functools.partial(mm.mx_matmul, a_spec=a_spec, b_spec=b_spec, interpret=False)
+    with pytest.raises(ValueError, match="no Triton IR"):
+        cc.triton_kernels(cc.lower_for_cuda(f, A, B))
 
 
 @pytest.mark.parametrize("a_layout,b_layout", [("mk", "nk"), ("km", "kn"), ("km", "nk")])
 def test_fused_matmul_layouts_lower(a_layout, b_layout):
-    f = functools.partial(mm.mx_matmul, a_spec=proxy.MXSpec("fp8_e4m3"), b_spec=proxy.MXSpec("fp8_e5m2"),
+    f = functools.partial(mm.mx_matmul, a_spec=proxy.MXSpec("fp8_e4m3"), b_spec=proxy.MXSpec("fp4_e2m1"),
                           interpret=False, a_layout=a_layout, b_layout=b_layout)
     a = A if a_layout == "mk" else jax.ShapeDtypeStruct((320, 256), jnp.float32)
     b = B if b_layout == "kn" else jax.ShapeDtypeStruct((192, 320), jnp.bfloat16)
-    lower_for_cuda(f, a, b)
+    assert kernel_names(f, a, b) == FUSED
 
 
 def _packed_operand(other: int, layout: str, k: int = 320, bs: int = 32):
@@ -138,30 +97,50 @@ def test_scaled_matmul_lowers(fmt, a_layout, b_layout):
     bc, bsc = _packed_operand(192, b_layout)
     f = functools.partial(mm.mx_scaled_matmul, a_format=fmt, b_format="fp8_e4m3", interpret=False,
                           a_layout=a_layout, b_layout=b_layout)
-    assert lower_for_cuda(f, ac, asc, bc, bsc) in ([], ["mx_scaled_matmul"])
+    assert kernel_names(f, ac, asc, bc, bsc) == ["mx_gemm"]
+
+
+def _operand(fmt: str, bs: int = 32, size: int = 512):
+    spec = proxy.MXSpec(fmt, block_size=bs)
+    f = functools.partial(mop.quantize_operand, spec=spec, k_axis=1, row_multiple=128, k_multiple=128, interpret=True)
+    return jax.eval_shape(f, jax.ShapeDtypeStruct((size, size), jnp.float32))
+
+
+@pytest.mark.parametrize("mode", tuning.MODES)
+def test_every_tuning_candidate_and_default_lowers(mode):
+    fa, fb = {"fp8": ("fp8_e4m3", "fp8_e4m3"), "fp8_fp4": ("fp4_e2m1", "fp8_e4m3"), "bf16": ("int8", "fp8_e5m2")}[mode]
+    a, b = _operand(fa), _operand(fb)
+    assert mx_gemm.tuning_mode(a.gemm_dtype, a.block_size, b.gemm_dtype, b.block_size) == mode
+    configs = set(tuning.candidates(mode)) | {c for (m, _), c in tuning.DEFAULTS.items() if m == mode}
+    tiles = {(c.bm, c.bn, c.bk): c for c in sorted(configs, key=str)}  # stages and warps do not change the IR
+    for cfg in tiles.values():
+        assert kernel_names(functools.partial(mx_gemm.gemm, config=cfg, interpret=False), a, b) == ["mx_gemm"]
 
 
 @pytest.mark.parametrize("spec", [proxy.MXSpec(f, scale_rule=r) for f in mxq.MX_FORMATS for r in ("floor", "rceil")],
                          ids=lambda s: s.name)
-def test_quantize_and_dequantize_lower(spec):
+def test_quantize_kernels_lower(spec):
     x = jax.ShapeDtypeStruct((96, 200), jnp.float32)
-    q = functools.partial(mxq.quantize_packed, spec=spec, interpret=False)
-    lower_for_cuda(functools.partial(q, axis=1), x)
-    lower_for_cuda(functools.partial(q, axis=0), x)
+    for axis in (0, 1):
+        assert kernel_names(functools.partial(mxq.quantize_packed, spec=spec, axis=axis, interpret=False), x) == \
+            ["mx_quantize"]
+        assert kernel_names(functools.partial(mop.quantize_operand, spec=spec, k_axis=axis, interpret=False), x) == \
+            ["mx_quantize_operand"]
     t = jax.eval_shape(functools.partial(mxq.quantize_packed, spec=spec, axis=1, interpret=True), x)
-    lower_for_cuda(functools.partial(mxq.dequantize, interpret=False), t)
+    assert kernel_names(functools.partial(mxq.dequantize, interpret=False), t) == ["mx_dequantize"]
 
 
 def test_rank3_quantize_lowers():
     x = jax.ShapeDtypeStruct((4, 96, 40), jnp.bfloat16)
-    lower_for_cuda(functools.partial(mxq.quantize_packed, spec=proxy.MXSpec("fp8_e5m2"), axis=1, interpret=False), x)
+    f = functools.partial(mxq.quantize_packed, spec=proxy.MXSpec("fp8_e5m2"), axis=1, interpret=False)
+    assert kernel_names(f, x) == ["mx_quantize"]
 
 
 def test_two_pass_mx_dot_lowers():
     f = functools.partial(mm.mx_dot, a_spec=proxy.MXSpec("fp8_e4m3"), b_spec=proxy.MXSpec("fp8_e4m3"),
                           method="two_pass", interpret=False)
-    names = lower_for_cuda(f, jax.ShapeDtypeStruct((4, 64, 320), jnp.float32), B)
-    assert names in ([], ["mx_quantize", "mx_quantize", "mx_scaled_matmul"])
+    assert kernel_names(f, jax.ShapeDtypeStruct((4, 64, 320), jnp.float32), B) == \
+        ["mx_quantize", "mx_quantize", "mx_gemm"]
 
 
 def test_the_check_catches_lowering_errors():
@@ -177,4 +156,4 @@ def test_the_check_catches_lowering_errors():
                                    out_specs=pl.BlockSpec((48,), lambda i: (0,)), interpret=False)(x)
 
     with pytest.raises(Exception, match="power of 2"):
-        lower_for_cuda(f, jax.ShapeDtypeStruct((64,), jnp.float32))
+        kernel_names(f, jax.ShapeDtypeStruct((64,), jnp.float32))

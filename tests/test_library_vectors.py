@@ -19,7 +19,7 @@ import pytest
 from proxy import layers, model
 from proxy import recipe as recipes
 from proxy.engine import scale_by_adam
-from proxy.quantize import MXSpec
+from proxy.quantize import MXSpec, quantize
 
 DATA = Path(__file__).parent / "data"
 
@@ -176,3 +176,30 @@ def test_three_adam_steps_track_the_authors_run(case, recipe):
         for name in p[k]:
             np.testing.assert_allclose(np.asarray(p[k][name]), np.asarray(final[k][name]), rtol=0, atol=5e-5)
         assert np.all(np.asarray(p[k]["ln_bias"]) == 0)
+
+
+BUMP = _load("mx_bump_fork.npz")
+
+
+@pytest.mark.parametrize("case", _cases(BUMP))
+def test_paper_bump_equals_the_authors_exponent_bump(case):
+    """``scale_rule="paper_bump"`` against the fork's ``quantize_mx_op`` with
+    ``bump_up_overflow_exponent``: a position's exponent is bumped by the
+    maximum over the blocks axis, bit for bit (and ``floor`` without it)."""
+    d = BUMP
+    x, axis = d[f"{case}/x"], int(str(d[f"{case}/axis"][0]))
+    for rule, key in (("floor", "floor"), ("paper_bump", "bump")):
+        got = quantize(x, MXSpec("fp8_e4m3", scale_rule=rule, rounding="away"), axis=axis)
+        np.testing.assert_array_equal(np.asarray(got), d[f"{case}/{key}"], err_msg=rule)
+    assert np.any(d[f"{case}/bump"] != d[f"{case}/floor"])
+
+
+def test_paper_bump_is_e4m3_only_as_in_the_authors_code():
+    with pytest.raises(ValueError, match="fp8_e4m3 elements in 1-D blocks only"):
+        MXSpec("fp8_e5m2", scale_rule="paper_bump")
+    with pytest.raises(ValueError, match="E4M3-only exponent bump; recipe 'paper_mix' also has fp8_e5m2"):
+        recipes.mitigate("paper_mix", "paper_bump")
+    bumped = recipes.mitigate("paper_e4m3", "paper_bump")
+    assert bumped.fwd_x.scale_rule == "paper_bump" and bumped.name == "paper_e4m3+paper_bump"
+    with pytest.raises(ValueError, match="paper_bump rule"):
+        bumped.replace(backend="pallas")

@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from proxy import layers, model, ngpt
+from proxy import architectures, layers, model, ngpt
 from proxy.recipe import PRESETS
 
 D, DEPTH, B = 32, 2, 64
@@ -71,7 +71,7 @@ def _norm_err(h):
 
 @pytest.mark.parametrize("act", ["gelu", "swiglu"])
 def test_factory_param_names_shapes_and_init(act):
-    m = model.student("ngpt", width=D, depth=3, act=act, recipe=PRESETS["mxfp8_e4m3"], norm="layernorm")
+    m = architectures.student("ngpt", width=D, depth=3, act=act, recipe=PRESETS["mxfp8_e4m3"], norm="layernorm")
     assert isinstance(m, ngpt.NGPTStudent) and m.recipe == PRESETS["mxfp8_e4m3"]
     p = _params(act=act, depth=3)
     assert jax.tree.structure(jax.eval_shape(m.init, jax.random.key(1), jnp.zeros((1, D)))["params"]) == \
@@ -164,7 +164,7 @@ def test_normalize_weights_after_adam():
 def test_training_learns_teacher():
     # measured: the held-out loss falls ~11-12x in 100 steps (seeds 0-4), from
     # ~3.0-3.5 to ~0.26-0.31 of E[y²] (the loss of predicting zero).
-    m = model.student("ngpt", width=D, depth=DEPTH)
+    m = architectures.student("ngpt", width=D, depth=DEPTH)
     teacher = model.Teacher(width=D, hidden=D, depth=DEPTH)
     tp = teacher.init(jax.random.key(10), jnp.zeros((1, D)))
     p = ngpt.normalize_weights(_params())

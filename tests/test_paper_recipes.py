@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import proxy
+from proxy import recipe_json
 from proxy import layers
 from proxy import recipe as recipes
 from proxy.quantize import MXSpec
@@ -110,12 +111,15 @@ def test_recipe_rejects_bad_new_fields_by_name():
         recipes.Recipe(train_ln_bias="no")
 
 
-def test_new_recipe_fields_round_trip_and_leave_old_hashes_alone():
+def test_recipes_and_configs_serialize_every_field_under_a_schema_version():
     r = recipes.get("paper_e4m3").replace(name="custom", ln_precision="stats_fp32")
-    assert recipes.from_json(recipes.to_json(r)) == r
-    plain = recipes.get("mxfp8_e4m3").replace(name="x")
-    assert "vector_rounding" not in recipes.to_json(plain) and "train_ln_bias" not in recipes.to_json(plain)
-    assert "paired_run" not in proxy.Config().to_dict() and "reference_recipe" not in proxy.Config().to_dict()
+    assert recipe_json.from_json(recipe_json.to_json(r)) == r
+    plain = recipe_json.to_json(recipes.get("mxfp8_e4m3").replace(name="x"))
+    assert plain["vector_rounding"] == "even" and plain["train_ln_bias"] is True
+    d = proxy.Config().to_dict()
+    assert d["schema"] == proxy.config.SCHEMA and d["paired_run"] is False and d["reference_recipe"] == "fp32"
+    older = {k: v for k, v in d.items() if k not in ("schema", "paired_run", "reference_seed")}
+    assert proxy.Config.from_dict(older) == proxy.Config()  # fields missing from an older dict take defaults
 
 
 def test_ln_bias_stays_exactly_zero_in_paper_e4m3_and_trains_in_fp32():

@@ -10,7 +10,7 @@ from proxy import scales
 
 
 def test_names_and_get():
-    assert scales.names() == ("smoke", "quick", "paper")
+    assert scales.names() == ("smoke", "quick", "medium", "paper")
     for name in scales.names():
         s = scales.get(name)
         assert s.name == name
@@ -23,7 +23,7 @@ def test_names_and_get():
 
 
 def test_unknown_scale_names_the_valid_ones():
-    with pytest.raises(ValueError, match="smoke, quick, paper"):
+    with pytest.raises(ValueError, match="smoke, quick, medium, paper"):
         scales.get("huge")
     with pytest.raises(ValueError):
         scales.get(None)

@@ -1,26 +1,36 @@
-"""The run store: load instead of retrain, atomic entries, resumable sweeps."""
+"""The run store: load instead of retrain, verified entries, atomic promotion,
+resumable sweeps, and every way an entry can be damaged, edited, stale,
+unwritable or raced."""
 
 import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import proxy
-from proxy import experiments as E
+from proxy import checkpoint as C
+from proxy import runner
 from proxy import store as S
 
 # fp32 without diagnostics: the cheapest program to compile.
 BASE = proxy.Config(width=32, depth=2, batch=64, steps=40, diagnostics_every=0, val_every=20, recipe="fp32")
 AXES = dict(lr=[1e-3, 3e-3], seed=[0, 1])
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
 def trained():
     """Configs actually trained (the timing-free hook)."""
     log = []
-    E.hooks.append(log.append)
+    runner.hooks.append(log.append)
     yield log
-    E.hooks.remove(log.append)
+    runner.hooks.remove(log.append)
 
 
 def same_metrics(a, b):
@@ -28,11 +38,15 @@ def same_metrics(a, b):
         np.array_equal(a.metrics[c].to_numpy(), b.metrics[c].to_numpy(), equal_nan=True) for c in a.metrics)
 
 
+def entries(root):
+    return sorted(p.name for p in Path(root).iterdir() if not p.name.startswith("."))
+
+
 def test_train_twice_loads_the_stored_run(tmp_path, trained):
     first = proxy.train(BASE, store=tmp_path, progress=False)
     assert len(trained) == 1
     d = tmp_path / BASE.hash()
-    assert first.path == str(d)
+    assert first.path == str(d) and entries(tmp_path) == [BASE.hash()]
     assert {p.name for p in d.iterdir()} >= {"config.json", "metrics.parquet", "params.npz", "run.json"}
     assert proxy.Config.from_dict(json.loads((d / "config.json").read_text())) == BASE
     again = proxy.train(BASE, store=tmp_path, progress=False)
@@ -46,6 +60,17 @@ def test_train_twice_loads_the_stored_run(tmp_path, trained):
     assert len(trained) == 2 and same_metrics(first, forced)
 
 
+def test_no_store_writes_nothing_and_relative_paths_resolve(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = proxy.train(BASE, progress=False)
+    assert run.path is None and list(tmp_path.iterdir()) == []
+    assert proxy.train(BASE, store=False, progress=False).path is None
+    st = S.resolve("rel/runs")
+    assert st.root == tmp_path / "rel" / "runs" and st.root.is_absolute()
+    with pytest.raises(ValueError, match="store must be a folder path"):
+        S.resolve(3)
+
+
 def test_incomplete_entry_is_not_loaded(tmp_path, trained):
     d = tmp_path / BASE.hash()
     d.mkdir()
@@ -56,58 +81,160 @@ def test_incomplete_entry_is_not_loaded(tmp_path, trained):
     assert not [p for p in d.iterdir() if ".tmp-" in p.name]
 
 
-def test_run_made_by_other_code_is_retrained(tmp_path, trained, monkeypatch):
+@pytest.mark.parametrize("damage", ["metrics.parquet", "run.json", "params.npz", "config.json"])
+def test_a_damaged_entry_is_reported_once_and_retrained(tmp_path, trained, damage):
+    first = proxy.train(BASE, store=tmp_path, progress=False)
+    f = Path(first.path) / damage
+    f.write_bytes(f.read_bytes()[: max(1, f.stat().st_size // 3)])  # truncated
+    with pytest.warns(S.StoreWarning, match=f"{BASE.hash()}: damaged") as caught:
+        again = proxy.train(BASE, store=tmp_path, progress=False)
+    assert len([w for w in caught if issubclass(w.category, S.StoreWarning)]) == 1
+    assert len(trained) == 2 and same_metrics(first, again)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert S.Store(tmp_path).load(BASE.hash()) is not None  # repaired
+
+
+def test_an_edited_config_is_not_loaded_as_the_answer_to_another(tmp_path, trained):
+    first = proxy.train(BASE, store=tmp_path, progress=False)
+    cfg = Path(first.path) / "config.json"
+    d = json.loads(cfg.read_text())
+    d["lr"] = 0.5
+    cfg.write_text(json.dumps(d))
+    with pytest.warns(S.StoreWarning, match="hashes to .* not to its key"):
+        again = proxy.train(BASE, store=tmp_path, progress=False)
+    assert len(trained) == 2 and again.config == BASE and same_metrics(first, again)
+
+
+def test_a_stale_entry_is_kept_until_its_replacement_exists(tmp_path, trained, monkeypatch):
     first = proxy.train(BASE, store=tmp_path, progress=False)
     monkeypatch.setattr(S, "_CODE", "0000000000000000")  # as if the numerics code had changed
-    assert S.Store(tmp_path).load(BASE.hash()) is None and S.Store(tmp_path).stale(BASE.hash())
-    again = proxy.train(BASE, store=tmp_path, progress=False)
-    assert len(trained) == 2 and same_metrics(first, again)
-    assert S.Store(tmp_path).load(BASE.hash()) is not None
+
+    def kill_before_saving(config):
+        raise KeyboardInterrupt("killed after training, before saving")
+
+    runner.hooks.append(kill_before_saving)
+    try:
+        with pytest.raises(KeyboardInterrupt), pytest.warns(S.StoreWarning, match="stale"):
+            proxy.train(BASE, store=tmp_path, progress=False)
+    finally:
+        runner.hooks.remove(kill_before_saving)
+    # the old result survived the killed retrain
+    assert json.loads((Path(first.path) / "run.json").read_text())["code_version"] != S.code_version()
+    assert S.load_dir(first.path).config == BASE
+    with pytest.warns(S.StoreWarning, match="stale"):
+        again = proxy.train(BASE, store=tmp_path, progress=False)
+    assert same_metrics(first, again) and json.loads((Path(again.path) / "run.json").read_text())[
+        "code_version"] == S.code_version()
+    assert entries(tmp_path) == [BASE.hash()]
 
 
-def test_store_false_and_env_default(tmp_path, monkeypatch, trained):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("PROXY_STORE", raising=False)
-    run = proxy.train(BASE, store=False, progress=False)
-    assert run.path is None and list(tmp_path.iterdir()) == []
-    assert S.resolve(None).root.name == "runs"
-    monkeypatch.setenv("PROXY_STORE", str(tmp_path / "elsewhere"))
-    assert S.resolve(None).root == tmp_path / "elsewhere"
-    monkeypatch.setenv("PROXY_STORE", "off")
-    assert S.resolve(None) is None
-    with pytest.raises(ValueError, match="store must be a folder path"):
-        S.resolve(3)
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc (unwritable even for root)")
+def test_an_unwritable_store_fails_before_training(trained):
+    ro = Path("/proc/self/proxy-runs")
+    with pytest.raises(ValueError, match=r"run store /proc/\d+/proxy-runs is not writable"):
+        proxy.train(BASE, store=ro, progress=False)
+    assert trained == []
+
+
+def test_a_file_as_store_fails_before_training(tmp_path, trained):
+    f = tmp_path / "file"
+    f.write_text("not a folder")
+    with pytest.raises(ValueError, match="is not writable"):
+        proxy.train(BASE, store=f, progress=False)
+    with pytest.raises(ValueError, match="is not writable"):
+        proxy.sweep(BASE, store=f / "sub", progress=False, lr=[1e-3])
+    assert trained == []
+
+
+def test_a_damaged_member_alone_is_retrained(tmp_path, trained):
+    a = proxy.sweep(BASE, store=tmp_path, progress=False, **AXES)
+    assert len(trained) == 4
+    (Path(a.runs[2].path) / "metrics.parquet").write_bytes(b"PAR1 truncated")
+    with pytest.warns(S.StoreWarning, match="damaged"):
+        b = proxy.sweep(BASE, store=tmp_path, progress=False, **AXES)
+    assert len(trained) == 5 and trained[-1] == a.configs[2]
+    for ra, rb in zip(a.runs, b.runs):
+        assert same_metrics(ra, rb)
 
 
 def test_second_identical_sweep_trains_nothing(tmp_path, trained):
-    a = E.sweep(BASE, store=tmp_path, progress=False, **AXES)
+    a = proxy.sweep(BASE, store=tmp_path, progress=False, **AXES)
     assert len(trained) == 4 and sorted(S.Store(tmp_path).keys()) == sorted(c.hash() for c in a.configs)
-    b = E.sweep(BASE, store=tmp_path, progress=False, **AXES)
+    b = proxy.sweep(BASE, store=tmp_path, progress=False, **AXES)
     assert len(trained) == 4
     for ra, rb in zip(a.runs, b.runs):
         assert same_metrics(ra, rb)
-    # a wider sweep trains only the new members
-    c = E.sweep(BASE, store=tmp_path, progress=False, lr=[1e-3, 3e-3, 1e-2], seed=[0, 1])
+    c = proxy.sweep(BASE, store=tmp_path, progress=False, lr=[1e-3, 3e-3, 1e-2], seed=[0, 1])
     assert len(trained) == 6 and len(c) == 6
 
 
 def test_interrupted_sweep_resumes_with_identical_results(tmp_path, trained):
-    reference = E.sweep(BASE, store=False, progress=False, **AXES)
+    reference = proxy.sweep(BASE, progress=False, **AXES)
     trained.clear()
 
     def crash(config):
         if len(trained) == 3:
             raise KeyboardInterrupt("simulated kill")
 
-    E.hooks.append(crash)
+    runner.hooks.append(crash)
     try:
         with pytest.raises(KeyboardInterrupt):
-            E.sweep(BASE, store=tmp_path, progress=False, group_size=2, **AXES)
+            proxy.sweep(BASE, store=tmp_path, progress=False, group_size=2, **AXES)
     finally:
-        E.hooks.remove(crash)
+        runner.hooks.remove(crash)
     assert len(S.Store(tmp_path).keys()) == 2  # the first group of two was saved before the kill
     trained.clear()
-    resumed = E.sweep(BASE, store=tmp_path, progress=False, **AXES)
+    resumed = proxy.sweep(BASE, store=tmp_path, progress=False, **AXES)
     assert len(trained) == 2  # only the missing members
     for ra, rb in zip(reference.runs, resumed.runs):
         assert same_metrics(ra, rb)
+
+
+def test_leftovers_of_killed_writers_are_cleaned(tmp_path):
+    run = proxy.train(BASE.replace(checkpoint_at=(20,)), store=tmp_path, progress=False)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)  # a process that has exited
+    orphans = [tmp_path / f".tmp-{pid}-deadbeef-old-x", Path(run.path) / f".tmp-{pid}-cafe-metrics.parquet",
+               Path(run.path) / "checkpoints" / f".tmp-{pid}-0001-step_000000020"]
+    orphans[0].mkdir()
+    orphans[1].write_text("half")
+    orphans[2].mkdir()
+    mine = tmp_path / C.tmp_name("in-progress")  # this process's own temporary: never removed
+    mine.mkdir()
+    removed = S.Store(tmp_path).clean()
+    assert sorted(removed) == sorted(orphans) and not any(p.exists() for p in orphans) and mine.exists()
+
+
+_RACE = """
+import sys, proxy
+cfg = proxy.Config(width=32, depth=2, batch=64, steps=40, diagnostics_every=0, val_every=20, recipe="fp32",
+                   checkpoint_every=10)
+run = proxy.train(cfg, store=sys.argv[1], progress=False)
+print(run.path, float(run.metrics.loss.iloc[-1]))
+"""
+
+
+def test_three_processes_training_one_config_into_one_store(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    procs = [subprocess.Popen([sys.executable, "-c", _RACE, str(tmp_path)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
+    paths = {o.split()[0] for o, _ in outs}
+    losses = {o.split()[1] for o, _ in outs}
+    assert len(paths) == 1 and len(losses) == 1  # one entry, one answer
+    key = BASE.replace(checkpoint_every=10).hash()
+    assert entries(tmp_path) == [key]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run = S.Store(tmp_path).load(key)
+    assert run is not None and C.steps(Path(run.path) / "checkpoints") == [10, 20, 30, 40]
+
+
+def test_intervene_from_inside_a_run_folder_lands_next_to_its_parent(tmp_path, monkeypatch):
+    parent = proxy.train(BASE.replace(checkpoint_at=(20,)), store=tmp_path / "runs", progress=False)
+    monkeypatch.chdir(parent.path)
+    child = proxy.intervene(".", 20, apply="ln_exempt", progress=False)
+    assert Path(child.path).parent == tmp_path / "runs"
+    assert not any(p.is_dir() and (p / "run.json").exists() for p in Path(parent.path).iterdir())

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from proxy.config import Config
-from proxy.engine import dynamic_for, program_for
+from proxy.engine import compiler_options, dynamic_for, program_for
 from proxy.model import hidden_width
 
 
@@ -42,9 +42,11 @@ def step_timer(config: Config, steps: int):
     dyn = dynamic_for(config)
     state, teacher = program.init(dyn)
     shape = program.segment_shape(0, steps)
+    segment = jax.jit(program.segment, static_argnames=("n_periods", "tail", "plain"),
+                      compiler_options=compiler_options())
 
     def run():
-        s, m = program.run_segment(state, dyn, teacher, np.int32(0), **shape)
+        s, m = segment(state, dyn, teacher, np.int32(0), **shape)
         jax.block_until_ready(m["loss"])
 
     return run

@@ -14,6 +14,9 @@ import time
 
 import numpy as np
 
+from proxy import runner
+from proxy.config import Config
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="proxy bench sweep", description=__doc__.splitlines()[0])
@@ -26,26 +29,23 @@ def main(argv=None) -> int:
     p.add_argument("--diagnostics-every", type=int, default=10)
     args = p.parse_args(argv)
 
-    import proxy
-    from proxy import experiments as E
-
-    cfg = proxy.Config(width=args.width, depth=args.depth, batch=args.batch, steps=args.steps, recipe=args.recipe,
+    cfg = Config(width=args.width, depth=args.depth, batch=args.batch, steps=args.steps, recipe=args.recipe,
                        diagnostics_every=args.diagnostics_every)
     lrs = [float(x) for x in np.geomspace(1e-4, 3e-3, args.members)]
     warm = cfg.replace(steps=min(cfg.steps, cfg.chunk))
 
     t = time.perf_counter()
-    E.train(warm, store=False, progress=False)
+    runner.train(warm, store=None, progress=False)
     compile_single = time.perf_counter() - t
     t = time.perf_counter()
-    E.sweep(warm, store=False, progress=False, lr=lrs)
+    runner.sweep(warm, store=None, progress=False, lr=lrs)
     compile_sweep = time.perf_counter() - t
 
     t = time.perf_counter()
-    seq = [E.train(cfg.replace(lr=lr), store=False, progress=False) for lr in lrs]
+    seq = [runner.train(cfg.replace(lr=lr), store=None, progress=False) for lr in lrs]
     t_seq = time.perf_counter() - t
     t = time.perf_counter()
-    sw = E.sweep(cfg, store=False, progress=False, lr=lrs)
+    sw = runner.sweep(cfg, store=None, progress=False, lr=lrs)
     t_vmap = time.perf_counter() - t
 
     exact = all(np.array_equal(a.metrics["loss"].to_numpy(), b.metrics["loss"].to_numpy(), equal_nan=True)

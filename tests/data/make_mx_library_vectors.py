@@ -9,6 +9,8 @@ What it generates (all float arrays float32; strings as numpy unicode arrays):
 * ``mx_layernorm_fork.npz`` -- the paper authors' fork of that library
   (``--library fork``): ``mx.layernorm.LayerNormFunction.apply`` forward and
   backward, with and without the fork's ``dont_quantize_layernorm`` flag.
+* ``mx_bump_fork.npz`` -- also ``--library fork``: ``quantize_mx_op`` with
+  the fork's ``bump_up_overflow_exponent`` off and on (E4M3).
 * ``mx_student_fork.npz`` -- also ``--library fork``: one step of the authors'
   student/teacher proxy (``olmo/synthetic/student_teacher.py``): their
   ``ResidualMLP`` built before ``mx_mapping.inject_pyt_ops(make_mx_specs(args))``
@@ -337,6 +339,35 @@ def gen_layernorm(mx, src, out, profile):
     verify(path)
 
 
+def gen_bump(mx, src, out):
+    """The fork's ``bump_up_overflow_exponent`` on ``quantize_mx_op`` (E4M3,
+    round "nearest", 32-element blocks): tensors of one block and of several
+    blocks along the quantized axis, both axes of a matrix, a 3-D tensor."""
+    import torch
+    opsmod = importlib.import_module("mx.mx_ops")
+    rng = np.random.default_rng(900)
+    arrays = common_meta(src)
+    cases = {"one_block": ((16, 32), -1), "rows": ((24, 96), -1), "cols": ((96, 40), 0), "ragged": ((8, 80), -1),
+             "three_d": ((3, 5, 64), -1)}
+    for name, (shape, axis) in cases.items():
+        x = (rng.standard_normal(shape) * np.exp2(rng.integers(-3, 4, shape))).astype(np.float32)
+        flat = x.reshape(-1)
+        flat[rng.integers(0, flat.size, flat.size // 20)] *= 1.85  # significands above 1.75 here and there
+        for bump in (False, True):
+            specs = fork_specs(mx)
+            specs["bump_up_overflow_exponent"] = bump
+            y = opsmod.quantize_mx_op(torch.from_numpy(x.copy()), specs, elem_format="fp8_e4m3", axes=[axis],
+                                      round="nearest")
+            arrays[f"{name}/{'bump' if bump else 'floor'}"] = to_np(y)
+        arrays[f"{name}/x"] = x
+        arrays[f"{name}/axis"] = sarr(str(axis))
+        print(f"bump {name}: shape {shape} axis {axis}: {np.mean(arrays[f'{name}/bump'] != arrays[f'{name}/floor']):.3f} "
+              f"of the elements change")
+    path = os.path.join(out, "mx_bump_fork.npz")
+    save_npz(path, arrays)
+    verify(path)
+
+
 # --------------------------------------------------------------------------
 # fork: student/teacher proxy (one child process per recipe)
 # --------------------------------------------------------------------------
@@ -489,6 +520,7 @@ def main():
                    "(fork: systems-scaling/olmo, or the repo root)")
     p.add_argument("--out", default="tests/data")
     p.add_argument("--profile", choices=sorted(PROFILES), default="compact")
+    p.add_argument("--only", choices=["bump", "layernorm", "student"], help="fork: generate one file only")
     p.add_argument("--student-child", choices=sorted(STUDENT_CASES), help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -506,8 +538,12 @@ def main():
         gen_upstream(a.src, a.out, a.profile)
     else:
         src, mx = import_mx(a.src)
-        gen_layernorm(mx, src, a.out, a.profile)
-        gen_student(src, a.out, a.profile)
+        if a.only in (None, "bump"):
+            gen_bump(mx, src, a.out)
+        if a.only in (None, "layernorm"):
+            gen_layernorm(mx, src, a.out, a.profile)
+        if a.only in (None, "student"):
+            gen_student(src, a.out, a.profile)
 
 
 if __name__ == "__main__":

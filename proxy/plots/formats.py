@@ -1,0 +1,64 @@
+"""Figures of the number formats themselves: the E4M3 sawtooth and LN-gain collapse."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from proxy import formats
+from proxy.plots.style import color
+from proxy.quantize import MXSpec, quantize, quantize_stats
+
+
+def sawtooth(fmt: str = "fp8_e4m3"):
+    """Paper Fig. 5 (left): relative gap between successive positive codes,
+    with the region a block's values reach only by saturating (OCP floor
+    scale: scaled magnitudes in (max_normal, 2**(emax+1)) clamp to max_normal)."""
+    f = formats.get(fmt)
+    codes, gaps = formats.relative_gaps(f)
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    ax.plot(codes, 100 * gaps, ".-", lw=0.8, ms=3, color=color("mxfp8_e4m3"))
+    ax.axvspan(f.max_normal, 2.0 ** (f.emax + 1), color="0.8", hatch="//", alpha=0.6,
+               label=f"clamped to {f.max_normal:g} (scaled |x| > {f.max_normal:g})")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(f"positive {f.name} code x_t (log2 scale)")
+    ax.set_ylabel("relative gap (x_{t+1} − x_t)/x_t  [%]")
+    ax.set_title(f"{f.name}: precision within each binade (the sawtooth)")
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def ln_collapse(fmt: str = "fp8_e4m3", centers=None, sigma: float = 0.02, n: int = 4096, seed: int = 0):
+    """How tightly clustered LayerNorm-like gains g = c·exp(σ·N(0,1)) collapse
+    under the OCP floor scale: the fraction the scale saturates onto the top
+    code (the paper's clamping) and the distinct codes left per 32-block,
+    versus the cluster centre c. Clusters just below a power of two clamp."""
+
+    centers = np.linspace(0.6, 1.25, 66) if centers is None else np.asarray(centers)
+    rng = np.random.default_rng(seed)
+    spec = MXSpec(fmt)
+    z = rng.standard_normal(n)
+    clamped, distinct = [], []
+    for c in centers:
+        g = (c * np.exp(sigma * z)).astype(np.float32)
+        clamped.append(100 * float(quantize_stats(g, spec).clamped_frac))
+        q = np.asarray(quantize(g, spec)).reshape(-1, 32)
+        distinct.append(np.mean([len(np.unique(b)) for b in q]))
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    ax.plot(centers, clamped, color=color("mxfp8_e4m3"), label="clamped to the top code [%]")
+    ax.set_xlabel("gain cluster centre c")
+    ax.set_ylabel("clamped [%]", color=color("mxfp8_e4m3"))
+    ax2 = ax.twinx()
+    ax2.plot(centers, distinct, color=color("mxfp6_e2m3"), label="distinct codes per block")
+    ax2.set_ylabel("distinct codes per 32-block", color=color("mxfp6_e2m3"))
+    for k in (0.5, 1.0):
+        ax.axvline(k, color="0.6", lw=0.8, ls=":")
+    ax.set_title(f"{spec.element.name}, floor scale: LN-like gains c·exp({sigma:g}·N(0,1))", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------
+# training figures: inputs are Runs (``proxy.train`` results, ``Sweep.runs``,
+# the lists of ``proxy.paper``)

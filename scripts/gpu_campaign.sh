@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The paper-scale campaign on one NVIDIA GPU (see docs/campaign.md), from the source tree, no network.
+#
+#   scripts/gpu_campaign.sh [SECONDS] [WORK]
+#
+# Runs `proxy campaign --scale paper` for at most SECONDS (default 480) into WORK
+# (default /tmp/proxy-paper); the campaign trains its headline first (paired
+# run, interventions, controls, then the LR grid) and exports each run as it
+# finishes, so a time-limited call keeps everything it finished and a second
+# call resumes from the run store. Finished results and their figures are
+# copied to $OUT/results/paper and $OUT/figures when $OUT is set (the device
+# machine's output folder), else to results/paper and figures/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+LIMIT="${1:-480}"
+WORK="${2:-/tmp/proxy-paper}"
+SCALE="${SCALE:-paper}"
+DEST="${OUT:-.}/results/$SCALE"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+python - <<'PY'
+import jax
+print("jax", jax.__version__, "devices", jax.devices())
+PY
+START=$(date +%s)
+timeout --signal=INT "$LIMIT" python -m proxy.cli campaign --scale "$SCALE" --out "$WORK" --quiet
+STATUS=$?
+echo "campaign exit status $STATUS after $(( $(date +%s) - START )) s (124/130: time limit reached, rerun to resume)"
+mkdir -p "$DEST"
+if [ -d "$WORK/results" ]; then
+  cp -r "$WORK/results/." "$DEST/"
+  python -m proxy.cli figures --only headline_lr_sweep headline_zeta headline_ln_clamping headline_interventions \
+      --results "$(dirname "$DEST")" --out "$(dirname "$(dirname "$DEST")")/figures" --no-store || true
+fi
+ls "$DEST" | head -50

@@ -1,0 +1,158 @@
+"""JAX's persistent compilation cache, on by default: where it lives, the opt-out, and that a second process
+loads every program the first one compiled. Each case runs in fresh Python processes (the cache is
+process-global) with a temporary cache folder."""
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from proxy import compile_cache
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# one small training run in a fresh process; prints what JAX compiled and loaded
+TRAIN = textwrap.dedent("""
+    import json, jax
+    counts = {"programs": 0, "hits": 0, "backend_s": 0.0}
+    def on_duration(event, duration, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            counts["programs"] += 1
+            counts["backend_s"] += duration
+    def on_event(event, **_):
+        if event == "/jax/compilation_cache/cache_hits":
+            counts["hits"] += 1
+    jax.monitoring.register_event_duration_secs_listener(on_duration)
+    jax.monitoring.register_event_listener(on_event)
+    import proxy
+    from proxy import compile_cache
+    run = proxy.train(proxy.Config(width=16, depth=1, batch=8, steps=4, diagnostics_every=2, val_every=2,
+                                   val_batches=1, recipe="mxfp8_e4m3"), progress=False)
+    print("RESULT", json.dumps(dict(counts, dir=str(compile_cache.active_dir()), loss=run.final_loss,
+                                    min_time=jax.config.jax_persistent_cache_min_compile_time_secs,
+                                    min_size=jax.config.jax_persistent_cache_min_entry_size_bytes)))
+""")
+
+
+# one small jitted program in a fresh process
+JIT = textwrap.dedent("""
+    import json, jax, jax.numpy as jnp
+    import proxy
+    from proxy import compile_cache
+    jax.jit(lambda x: jnp.tanh(x) * 7)(jnp.ones(11)).block_until_ready()
+    print("RESULT", json.dumps(dict(dir=str(compile_cache.active_dir()))))
+""")
+
+
+def _run(code: str, tmp_path, **env) -> dict:
+    base = {k: v for k, v in os.environ.items() if k not in ("PROXY_COMPILE_CACHE", "JAX_COMPILATION_CACHE_DIR")}
+    base.update(HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "xdg"), **env)
+    out = subprocess.run([sys.executable, "-c", code], env=base, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+def test_resolve_order(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert compile_cache.default_dir() == tmp_path / "xdg" / "proxy" / "jax"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert compile_cache.default_dir() == tmp_path / ".cache" / "proxy" / "jax"
+    for off in ("off", "OFF", "0", "false", "none"):
+        monkeypatch.setenv("PROXY_COMPILE_CACHE", off)
+        assert compile_cache.resolve() is None
+    monkeypatch.setenv("PROXY_COMPILE_CACHE", str(tmp_path / "mine"))
+    assert compile_cache.resolve() == tmp_path / "mine"
+    assert compile_cache.resolve(tmp_path / "explicit") == tmp_path / "explicit"  # an argument wins
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="'.*file' is a file, not a folder; valid: a folder path, or "
+                                         "PROXY_COMPILE_CACHE=off"):
+        compile_cache.resolve(tmp_path / "file")
+    monkeypatch.setenv("PROXY_COMPILE_CACHE", str(tmp_path / "file"))
+    with pytest.raises(ValueError, match=r"\$PROXY_COMPILE_CACHE"):
+        compile_cache.resolve()
+    monkeypatch.setenv("PROXY_COMPILE_CACHE", " ")
+    with pytest.raises(ValueError, match="empty; valid: a folder path"):
+        compile_cache.resolve()
+
+
+def test_entries_counts_cache_files(tmp_path):
+    assert compile_cache.entries(tmp_path / "missing") == (0, 0)
+    (tmp_path / "jit_f-abc-cache").write_bytes(b"12345")
+    (tmp_path / "other.txt").write_bytes(b"1")
+    assert compile_cache.entries(tmp_path) == (1, 5)
+
+
+@pytest.mark.slow
+def test_a_second_process_loads_every_program_from_the_cache(tmp_path):
+    cache = tmp_path / "cache"
+    first = _run(TRAIN, tmp_path, PROXY_COMPILE_CACHE=str(cache))
+    assert first["dir"] == str(cache) and first["min_time"] == 0.0 and first["min_size"] == 0
+    n, size = compile_cache.entries(cache)
+    assert first["hits"] == 0 and n >= 3 and size > 0  # init, segment and validation programs at least
+    second = _run(TRAIN, tmp_path, PROXY_COMPILE_CACHE=str(cache))
+    assert second["programs"] == first["programs"] and second["hits"] == second["programs"]
+    assert second["backend_s"] < first["backend_s"]
+    assert second["loss"] == first["loss"]  # the cached programs compute the same numbers
+    assert compile_cache.entries(cache)[0] == n
+
+
+def test_default_folder_and_off(tmp_path):
+    on = _run(JIT, tmp_path)
+    default = tmp_path / "xdg" / "proxy" / "jax"
+    assert on["dir"] == str(default) and compile_cache.entries(default)[0] >= 1
+    off = _run(JIT, tmp_path / "off", PROXY_COMPILE_CACHE="off")
+    assert off["dir"] == "None"
+    assert not (tmp_path / "off" / "xdg" / "proxy").exists()
+    assert not (tmp_path / "off" / "home" / ".cache" / "proxy").exists()
+
+
+def test_jax_folder_is_kept_and_enable_moves_the_cache(tmp_path):
+    code = textwrap.dedent("""
+        import json, jax, jax.numpy as jnp
+        import proxy
+        from proxy import compile_cache
+        kept = str(compile_cache.active_dir())
+        jax.jit(lambda x: jnp.sin(x) * 3)(jnp.ones(3)).block_until_ready()
+        moved = compile_cache.enable(%r)
+        jax.jit(lambda x: jnp.cos(x) + 2)(jnp.ones(5)).block_until_ready()
+        print("RESULT", json.dumps(dict(kept=kept, moved=str(moved))))
+    """ % str(tmp_path / "moved"))
+    out = _run(code, tmp_path, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jaxdir"))
+    assert out == {"kept": str(tmp_path / "jaxdir"), "moved": str(tmp_path / "moved")}
+    assert compile_cache.entries(tmp_path / "jaxdir")[0] >= 1  # the first program, before the move
+    assert compile_cache.entries(tmp_path / "moved")[0] >= 1  # the second, after it
+
+
+def test_bench_compile_rejects_bad_arguments(capsys):
+    from proxy.bench import compile as bench
+
+    for argv, message in ((["--steps", "150"], "multiple of the config's segment length 100"),
+                          (["--steps", "100"], "at least 2 segments"),
+                          (["--act", "gelu"], "the config's own activation"),
+                          (["--act", "swish"], "unknown activation 'swish'; valid: gelu")):
+        with pytest.raises(SystemExit) as exit_:
+            bench.main(argv)
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_bench_compile_measures_cold_warm_and_a_new_program(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "proxy.cli", "bench", "compile", "--steps", "200", "--cache",
+                          str(tmp_path / "cache")], cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = out.stdout
+    rows = [line.split()[0] for line in text.splitlines() if " overhead " in line and "|" in line]
+    assert rows == ["cold", "warm", "act=relu"], text
+    counts = [tuple(map(int, re.search(r"(\d+) programs, (\d+) from the cache", line).groups()))
+              for line in text.splitlines() if "from the cache" in line]
+    (cold_n, cold_hits), (warm_n, warm_hits), (new_n, new_hits) = counts
+    assert cold_hits == 0 and warm_hits == warm_n == cold_n and 0 < new_n - new_hits < new_n, text
+    assert "target: warm rerun adds <= 1 s:" in text and "target: a new program compiles in <= 8 s cold:" in text
+    assert compile_cache.entries(tmp_path / "cache")[0] >= cold_n

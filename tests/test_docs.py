@@ -1,0 +1,40 @@
+"""The README is a front door (two commands first, links that resolve); the
+reference pages stay in sync with the code they describe."""
+
+import re
+from pathlib import Path
+
+import proxy
+from proxy import recipe as recipes
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def test_readme_opens_with_the_two_commands_and_stays_short():
+    first_block = README.split("```")[1]
+    commands = [line for line in first_block.splitlines() if line.startswith("python3 -m venv")]
+    assert len(commands) == 2 and "proxy figures" in commands[0] and "pytest" in commands[1]
+    assert len(README.splitlines()) <= 150
+
+
+def test_ci_runs_the_readmes_test_command():
+    test_command = README.split("```")[1].splitlines()[-1]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert test_command.split("&& ", 2)[-1] in ci
+
+
+def test_every_link_resolves():
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#]+)\)", page.read_text()):
+            if target.startswith("http"):
+                continue
+            assert (page.parent / target).exists(), f"{page.name}: {target}"
+
+
+def test_recipe_doc_table_matches_the_presets():
+    text = (ROOT / "docs" / "recipes.md").read_text()
+    table = text.split("<!-- recipe-table -->\n", 1)[1].split("\n<!-- /recipe-table -->", 1)[0]
+    assert table == recipes.table()
+    for name in proxy.MITIGATIONS:
+        assert f"| `{name}` |" in text

@@ -1,0 +1,101 @@
+"""The live explorer, driven headless: controls → configs, a live training with FP32 alongside, the store."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import proxy
+from proxy.explore import Explorer, train_live
+from proxy.run import Run
+
+SMALL = dict(width=32, depth=2, batch=32, steps=20, diagnostics_every=5, val_every=10, val_batches=1)
+
+
+def test_defaults_and_controls_make_the_configs():
+    panel = proxy.explore(recipe=("mxfp8_e4m3", "fp32", "mxfp6_e2m3"), width=32, lr=1e-3)
+    assert isinstance(panel, Explorer)
+    assert panel.controls["recipes"].value == ("mxfp8_e4m3", "mxfp6_e2m3")  # FP32 is not a choice: it always trains
+    assert "fp32" not in panel.controls["recipes"].options
+    assert panel.controls["width"].value == 32 and panel.controls["lr"].value == 1e-3
+    panel.controls["norm"].value = "layernorm_noaffine"
+    panel.controls["act"].value = "silu"
+    panel.controls["diagnostics_every"].value = 7
+    configs = panel.configs()
+    assert [c.recipe.name for c in configs] == ["fp32", "mxfp8_e4m3", "mxfp6_e2m3"]
+    assert all(c.replace(recipe="fp32") == configs[0] for c in configs)  # identical but for the recipe
+    c = configs[0]
+    assert (c.norm, c.act, c.width, c.lr, c.diagnostics_every) == ("layernorm_noaffine", "silu", 32, 1e-3, 7)
+    assert c.val_every == 105  # the quick scale's 100, rounded up to a multiple of the diagnostics period
+
+
+def test_bad_defaults_and_values_name_what_is_wrong():
+    with pytest.raises(ValueError, match="unknown config field.*valid:"):
+        proxy.explore(widht=32)
+    with pytest.raises(ValueError, match="unknown recipe 'mxfp9'; valid: fp32, bf16"):
+        proxy.explore(recipe="mxfp9")
+    with pytest.raises(ValueError, match="unknown norm 'batchnorm'"):
+        proxy.explore(norm="batchnorm")
+    panel = proxy.explore(**SMALL)
+    panel.controls["lr"].value = -1.0
+    with pytest.raises(ValueError, match="lr must be a positive finite number, got -1"):
+        panel.train()
+    panel._on_click(panel.button)  # the button shows the message instead of raising
+    assert "lr must be a positive" in panel.status.value and panel.runs == []
+
+
+def test_a_custom_recipe_becomes_a_choice():
+    mine = proxy.recipes.get("mxfp8_e4m3").replace(name="my_e4m3", ln_affine=None)
+    panel = proxy.explore(recipe=mine)
+    assert panel.controls["recipes"].value == ("my_e4m3",)
+    assert panel.configs()[1].recipe == mine
+    with pytest.raises(ValueError, match="differs from the preset"):
+        proxy.explore(recipe=mine.replace(name="mxfp8_e4m3"))
+
+
+def test_a_norm_without_gains_gets_a_note_instead_of_a_clamp_curve():
+    panel = proxy.explore(**SMALL)
+    cfg = panel.configs()[0].replace(norm="layernorm_noaffine")
+    m = pd.DataFrame({"step": np.arange(4), "loss": [1.0, 0.5, 0.4, 0.3]})
+    panel.runs = [Run(cfg, m, None)]
+    panel.draw()
+    loss_ax, _, _, clamp_ax = panel.axes
+    assert len(loss_ax.lines) == 1 and list(loss_ax.lines[0].get_ydata()) == [1.0, 0.5, 0.4, 0.3]
+    assert not clamp_ax.lines and "norm=layernorm_noaffine" in clamp_ax.texts[0].get_text()
+    assert panel.png().startswith(b"\x89PNG")
+
+
+def test_train_live_reports_every_segment_and_the_end():
+    cfg = proxy.Config(recipe="fp32", **SMALL)
+    seen = []
+    run = train_live(cfg, None, lambda step, r: seen.append((step, len(r.metrics))))
+    assert seen == [(10, 10), (20, 20), (20, 20)] and len(run.metrics) == 20
+
+
+@pytest.mark.slow
+def test_train_button_path_trains_fp32_alongside_live_and_stores(tmp_path):
+    store = tmp_path / "runs"
+    panel = proxy.explore(store=store, **SMALL)
+    panel.controls["recipes"].value = ("mxfp8_e4m3",)
+    panel.controls["act"].value = "relu2"
+    panel.controls["norm"].value = "rmsnorm"
+    runs = panel.train()
+    assert [r.config.recipe.name for r in runs] == ["fp32", "mxfp8_e4m3"] and panel.runs == runs
+    assert runs[1].config == runs[0].config.replace(recipe="mxfp8_e4m3")
+    assert all(len(r.metrics) == 20 and r.diverged_at is None for r in runs)
+    assert all(str(r.path).startswith(str(store)) for r in runs)
+    # live: each run reported after its first segment (step 10), before it finished
+    assert ("fp32", 10) in panel.updates and ("mxfp8_e4m3", 10) in panel.updates
+    assert panel.progress.value == panel.progress.max == 40 and not panel.button.disabled
+    loss_ax, zeta_ax, cos_ax, clamp_ax = panel.axes
+    assert [len(line.get_xdata()) for line in loss_ax.lines] == [20, 20]
+    assert [line.get_label() for line in zeta_ax.lines] == ["mxfp8_e4m3"]  # FP32 against itself is trivial
+    np.testing.assert_array_equal(zeta_ax.lines[0].get_xdata(), [0, 5, 10, 15])
+    assert np.all(np.asarray(zeta_ax.lines[0].get_ydata()) > 0) and len(cos_ax.lines) == 1
+    assert len(clamp_ax.lines) == 2  # RMSNorm has gains to clamp
+    assert "final loss" in panel.status.value and "mxfp8_e4m3" in panel.status.value
+    assert panel.snapshot().data.startswith(b"\x89PNG")
+    # pressing Train again loads both runs from the store: no segments, one final update each
+    again = panel.train()
+    assert panel.updates == [("fp32", 20), ("mxfp8_e4m3", 20)]
+    for a, b in zip(runs, again):
+        pd.testing.assert_frame_equal(a.metrics, b.metrics)
