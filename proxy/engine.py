@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from proxy import architectures, controllers, data, diagnostics
@@ -117,18 +118,26 @@ class TrainState(NamedTuple):
     ctrl: Any = None
 
 
+def _key_data(seed: int):
+    """``jax.random.key_data(jax.random.key(seed))`` for a seed in [0, 2**32):
+    with the default threefry implementation that is ``[0, seed]`` (uint32),
+    built on the host instead of by a tiny compiled program."""
+    if jax.config.jax_default_prng_impl == "threefry2x32":
+        return np.array([0, seed], np.uint32)
+    return jax.random.key_data(jax.random.key(seed))
+
+
 def dynamic_for(config: Config) -> Dynamic:
-    f32 = functools.partial(jnp.asarray, dtype=jnp.float32)
+    """The traced values of ``config`` (host arrays: nothing is compiled to make them)."""
+    f32 = functools.partial(np.asarray, dtype=np.float32)
     return Dynamic(
         lr=f32(config.lr), lr_min=f32(config.lr_min), noise=f32(config.noise),
         spike_factor=f32(config.spike_factor), total_steps=f32(config.steps),
-        init_key=jax.random.key_data(jax.random.key(config.seed)),
-        data_key=jax.random.key_data(jax.random.key(config.data_seed)),
-        teacher_key=jax.random.key_data(jax.random.key(config.teacher_seed)),
-        ref_init_key=jax.random.key_data(jax.random.key(
-            config.seed if config.reference_seed is None else config.reference_seed)),
-        ref_data_key=jax.random.key_data(jax.random.key(
-            config.data_seed if config.reference_data_seed is None else config.reference_data_seed)),
+        init_key=_key_data(config.seed), data_key=_key_data(config.data_seed),
+        teacher_key=_key_data(config.teacher_seed),
+        ref_init_key=_key_data(config.seed if config.reference_seed is None else config.reference_seed),
+        ref_data_key=_key_data(config.data_seed if config.reference_data_seed is None
+                               else config.reference_data_seed),
     )
 
 
@@ -367,13 +376,7 @@ class Program:
 
     def _nan_diagnostics(self, state, dyn, teacher):
         """The diagnostic metrics of a non-diagnostic step: NaN of the same shapes."""
-        def probe(s, d, te):
-            x, y = self._batch(d, te, 0)
-            _, g, inter = self._loss_grad(self.reference, s.params, x, y)
-            return self._diagnostics(s.params, g, g if self.paired else None, inter, x, y)
-
-        shapes = jax.eval_shape(probe, state, dyn, teacher)
-        return jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), shapes)
+        return jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), _diagnostic_shapes(self.config))
 
     def segment(self, state, dyn, teacher, start, *, n_periods: int, tail: int, plain: int):
         """Run ``n_periods`` × P steps, then ``tail`` steps (the first of them a
@@ -426,6 +429,21 @@ class Program:
             pred = self.student.apply({"params": params}, _per_member(x, dyn), self.rounding_key(dyn, _VAL_STEP))
             total = total + jnp.mean(jnp.square(pred - y))
         return total / c.val_batches
+
+
+@functools.lru_cache(maxsize=64)
+def _diagnostic_shapes(key: Config):
+    """Shapes and dtypes of the diagnostic metrics of ``key``'s program,
+    traced once per program rather than inside every step's trace."""
+    program = program_for(key)
+
+    def probe(d):
+        s, te = program.init(d)
+        x, y = program._batch(d, te, 0)
+        _, g, inter = program._loss_grad(program.reference, s.params, x, y)
+        return program._diagnostics(s.params, g, g if program.paired else None, inter, x, y)
+
+    return jax.eval_shape(probe, dynamic_for(key))
 
 
 @functools.lru_cache(maxsize=64)

@@ -28,6 +28,13 @@ def test_data_is_a_pure_function_of_seed_and_step():
     assert not np.array_equal(x1, v)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 12345, 2**31, 2**32 - 1])
+def test_host_built_key_data_equals_jax_key_data(seed):
+    import jax
+    from proxy import engine
+    assert np.array_equal(engine._key_data(seed), jax.random.key_data(jax.random.key(seed)))
+
+
 @pytest.mark.slow
 def test_two_hundred_steps_learn_in_fp32_and_mxfp8():
     cfg = proxy.Config(width=64, depth=2, batch=128, steps=200, lr=1e-3, diagnostics_every=20, val_every=100)
