@@ -272,7 +272,11 @@ class Program:
             return None
         return controllers.promoted(state.ctrl).reshape(self.config.depth, 2)
 
-    def _step(self, state: TrainState, t, dyn: Dynamic, teacher, diag: bool):
+    def _step(self, state: TrainState, t, dyn: Dynamic, teacher):
+        """One training step at (traced) step ``t``; a diagnostic step when
+        ``t`` is a multiple of the diagnostics period. Both kinds share one
+        compiled body: the diagnostics sit in a ``lax.cond`` whose other
+        branch gives NaN of the same shapes."""
         promote = self._promote(state)
         key = self.rounding_key(dyn, t)
         lr = self.lr_at(dyn, t)
@@ -288,8 +292,11 @@ class Program:
                 ref_loss, ref_grads, _ = self._loss_grad(self.reference, state.ref_params, xr, yr)
                 ref = (ref_loss, diagnostics.global_norm(ref_grads)) + \
                     self._update(state.ref_opt, state.ref_params, ref_grads, lr)[:2]
-            if diag:
-                diag_metrics = self._diagnostics(state.params, grads, ref_grads, inter, x, y)
+            if self.period:
+                diag_metrics = jax.lax.cond(
+                    t % self.period == 0,
+                    lambda: self._diagnostics(state.params, grads, ref_grads, inter, x, y),
+                    self._nan_diagnostics)
             return loss, grads, new_params, new_opt, updates, ref, diag_metrics
 
         if promote is None:
@@ -334,10 +341,8 @@ class Program:
                                            ref_opt=_where(ref_ok, ro, state.ref_opt))
             metrics["ref_loss"] = ref_loss
             metrics["ref_grad_norm"] = ref_norm
-        if diag:
+        if self.period:
             metrics.update(diag_metrics)
-        elif self.period:
-            metrics.update(self._nan_diagnostics(state, dyn, teacher))
         return new_state, metrics
 
     def _diagnostics(self, params, grads, paired_grads, inter, x, y):
@@ -374,61 +379,27 @@ class Program:
         out["act_clamp_frac"] = jnp.mean(out["act_clamp_frac/block"])
         return out
 
-    def _nan_diagnostics(self, state, dyn, teacher):
+    def _nan_diagnostics(self):
         """The diagnostic metrics of a non-diagnostic step: NaN of the same shapes."""
         return jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), _diagnostic_shapes(self.config))
 
-    def segment(self, state, dyn, teacher, start, *, n_periods: int, tail: int, plain: int):
-        """Run ``n_periods`` × P steps, then ``tail`` steps (the first of them a
-        diagnostic step), then ``plain`` steps without diagnostics, from step
-        ``start``. Returns the new state and metrics stacked over steps."""
-        P = self.period
-
-        def plain_steps(s, t0, n):
-            return jax.lax.scan(lambda st, t: self._step(st, t, dyn, teacher, False), s, t0 + jnp.arange(n))
-
-        def period(s, t0, length):
-            s, m0 = self._step(s, t0, dyn, teacher, True)
-            m0 = jax.tree.map(lambda a: a[None], m0)
-            if length == 1:
-                return s, m0
-            s, ms = plain_steps(s, t0 + 1, length - 1)
-            return s, jax.tree.map(lambda a, b: jnp.concatenate([a, b]), m0, ms)
-
-        pieces = []
-        t = start
-        if n_periods:
-            state, m = jax.lax.scan(lambda s, t0: period(s, t0, P), state, start + P * jnp.arange(n_periods))
-            pieces.append(jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:]), m))
-            t = start + P * n_periods
-        if tail:
-            state, m = period(state, t, tail)
-            pieces.append(m)
-            t = t + tail
-        if plain:
-            state, m = plain_steps(state, t, plain)
-            pieces.append(m)
-        return state, jax.tree.map(lambda *a: jnp.concatenate(a), *pieces)
-
-    def segment_shape(self, start: int, n: int) -> dict[str, int]:
-        """Static arguments of :meth:`segment` for ``n`` steps from ``start``
-        (``start`` a multiple of the diagnostics period)."""
-        P = self.period
-        if not P:
-            return dict(n_periods=0, tail=0, plain=n)
-        return dict(n_periods=n // P, tail=n % P, plain=0)
+    def segment(self, state, dyn, teacher, start, *, n: int):
+        """Run ``n`` steps from step ``start`` (traced int32): one ``lax.scan``
+        over the step. Returns the new state and the metrics stacked over steps."""
+        return jax.lax.scan(lambda s, t: self._step(s, t, dyn, teacher), state, start + jnp.arange(n, dtype=jnp.int32))
 
     def val_loss(self, params, dyn, teacher):
         """Mean loss over the config's held-out batches (pure)."""
         c = self.config
         key = jax.random.wrap_key_data(dyn.data_key)
-        total = jnp.float32(0)
-        for i in range(c.val_batches):
+
+        def batch_loss(i, total):  # a loop, not unrolled: one copy of the forward pass to compile
             x, noise = data.val_inputs(key, i, c.batch, c.width)
             y = data.targets(lambda v: self.teacher.apply({"params": teacher}, v), x, noise, dyn.noise)
             pred = self.student.apply({"params": params}, _per_member(x, dyn), self.rounding_key(dyn, _VAL_STEP))
-            total = total + jnp.mean(jnp.square(pred - y))
-        return total / c.val_batches
+            return total + jnp.mean(jnp.square(pred - y))
+
+        return jax.lax.fori_loop(0, c.val_batches, batch_loss, jnp.float32(0)) / c.val_batches
 
 
 @functools.lru_cache(maxsize=64)

@@ -38,6 +38,7 @@ from proxy import checkpoint as ckpt
 from proxy import store as _store
 from proxy.config import Config
 from proxy.engine import Dynamic, TrainState, compiler_options, dynamic_for, program_for, static_key
+from proxy.executables import CachedProgram
 from proxy.run import Run, metrics_frame, segment_length
 from proxy.sweeps import Sweep, members
 
@@ -65,9 +66,14 @@ class Member:
 # --------------------------------------------------------------------------- compiled pieces
 
 
+def _program(name: str, fn: Callable, key, static_argnames=()) -> CachedProgram:
+    opts = compiler_options()
+    return CachedProgram(name, jax.jit(fn, static_argnames=static_argnames, compiler_options=opts), key, opts)
+
+
 @functools.lru_cache(maxsize=64)
 def _compiled_init(key: Config):
-    return jax.jit(program_for(key).init, compiler_options=compiler_options())
+    return _program("init", program_for(key).init, key)
 
 
 @functools.lru_cache(maxsize=64)
@@ -76,9 +82,7 @@ def _compiled_single(key: Config):
     member axis: the program of a single run (a size-1 ``vmap`` would let XLA
     fuse, and round, differently from the sweeps it must equal)."""
     program = program_for(key)
-    opts = compiler_options()
-    seg = jax.jit(program.segment, static_argnames=("n_periods", "tail", "plain"), compiler_options=opts)
-    return seg, jax.jit(program.val_loss, compiler_options=opts)
+    return (_program("segment", program.segment, key, ("n",)), _program("val_loss", program.val_loss, key))
 
 
 @functools.lru_cache(maxsize=64)
@@ -86,11 +90,10 @@ def _compiled(key: Config, dyn_axes: tuple, teacher_axis):
     """(segment, val_loss) of ``key``'s program over a member axis."""
     program = program_for(key)
     axes = Dynamic(*dyn_axes)
-    opts = compiler_options()
 
-    def segment(state, dyn, teacher, start, *, n_periods, tail, plain):
+    def segment(state, dyn, teacher, start, *, n):
         def one(s, d, te):
-            return program.segment(s, d, te, start, n_periods=n_periods, tail=tail, plain=plain)
+            return program.segment(s, d, te, start, n=n)
 
         if program.controller is None:
             return jax.vmap(one, in_axes=(0, axes, teacher_axis))(state, dyn, teacher)
@@ -104,9 +107,9 @@ def _compiled(key: Config, dyn_axes: tuple, teacher_axis):
 
         return jax.lax.map(member, mapped)
 
-    seg = jax.jit(segment, static_argnames=("n_periods", "tail", "plain"), compiler_options=opts)
-    val = jax.jit(jax.vmap(program.val_loss, in_axes=(0, axes, teacher_axis)), compiler_options=opts)
-    return seg, val
+    group = (key, dyn_axes, teacher_axis)
+    return (_program("members_segment", segment, group, ("n",)),
+            _program("members_val_loss", jax.vmap(program.val_loss, in_axes=(0, axes, teacher_axis)), group))
 
 
 def init_state(config: Config):
@@ -163,8 +166,8 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
         state, dyn, teacher = group[0].state, dyns[0], group[0].teacher
         seg1, val1 = _compiled_single(key)
 
-        def seg(state, dyn, teacher, start, **shape):
-            new, m = seg1(state, dyn, teacher, start, **shape)
+        def seg(state, dyn, teacher, start, n):
+            new, m = seg1(state, dyn, teacher, start, n=n)
             return new, {k: np.asarray(v)[None] for k, v in jax.device_get(m).items()}
 
         def val(params, dyn, teacher):
@@ -206,7 +209,7 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
     while t < c0.steps and not all(stopped):
         n = segment_length(c0, t)
         vals = np.asarray(val(state.params, dyn, teacher)) if c0.val_every and t % c0.val_every == 0 else None
-        state, m = seg(state, dyn, teacher, np.int32(t), **program.segment_shape(t, n))
+        state, m = seg(state, dyn, teacher, np.int32(t), n=n)
         m = jax.device_get(m)
         active = [i for i in range(M) if not stopped[i]]
         for i in active:

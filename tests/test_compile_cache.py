@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from proxy import compile_cache
+from proxy import compile_cache, executables
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -30,12 +30,13 @@ TRAIN = textwrap.dedent("""
     jax.monitoring.register_event_duration_secs_listener(on_duration)
     jax.monitoring.register_event_listener(on_event)
     import proxy
-    from proxy import compile_cache
+    from proxy import compile_cache, executables
     run = proxy.train(proxy.Config(width=16, depth=1, batch=8, steps=4, diagnostics_every=2, val_every=2,
                                    val_batches=1, recipe="mxfp8_e4m3"), progress=False)
     print("RESULT", json.dumps(dict(counts, dir=str(compile_cache.active_dir()), loss=run.final_loss,
                                     min_time=jax.config.jax_persistent_cache_min_compile_time_secs,
-                                    min_size=jax.config.jax_persistent_cache_min_entry_size_bytes)))
+                                    min_size=jax.config.jax_persistent_cache_min_entry_size_bytes,
+                                    loaded=executables.stats["loaded"], compiled=executables.stats["compiled"])))
 """)
 
 
@@ -96,11 +97,16 @@ def test_a_second_process_loads_every_program_from_the_cache(tmp_path):
     assert first["dir"] == str(cache) and first["min_time"] == 0.0 and first["min_size"] == 0
     n, size = compile_cache.entries(cache)
     assert first["hits"] == 0 and n >= 3 and size > 0  # init, segment and validation programs at least
+    assert first["compiled"] == 3 and first["loaded"] == 0  # init, segment, validation
+    kept = sorted(p.name.split("-")[0] for p in (cache / executables.SUBDIR).iterdir())
+    assert kept == ["init", "segment", "val_loss"]
     second = _run(TRAIN, tmp_path, PROXY_COMPILE_CACHE=str(cache))
-    assert second["programs"] == first["programs"] and second["hits"] == second["programs"]
-    assert second["backend_s"] < first["backend_s"]
-    assert second["loss"] == first["loss"]  # the cached programs compute the same numbers
+    # the run's programs come back as executables: nothing is traced, lowered or compiled
+    assert second["loaded"] == 3 and second["compiled"] == 0 and second["programs"] == 0
+    assert second["loss"] == first["loss"]  # the kept programs compute the same numbers
     assert compile_cache.entries(cache)[0] == n
+    third = _run(TRAIN, tmp_path, PROXY_COMPILE_CACHE="off")  # off: everything compiles, nothing is kept
+    assert third["loaded"] == 0 and third["compiled"] == 3 and third["loss"] == first["loss"]
 
 
 def test_default_folder_and_off(tmp_path):
@@ -153,6 +159,10 @@ def test_bench_compile_measures_cold_warm_and_a_new_program(tmp_path):
     counts = [tuple(map(int, re.search(r"(\d+) programs, (\d+) from the cache", line).groups()))
               for line in text.splitlines() if "from the cache" in line]
     (cold_n, cold_hits), (warm_n, warm_hits), (new_n, new_hits) = counts
-    assert cold_hits == 0 and warm_hits == warm_n == cold_n and 0 < new_n - new_hits < new_n, text
+    kept = [tuple(map(int, re.search(r"kept executables: (\d+) loaded .*, (\d+) traced and compiled", line).groups()))
+            for line in text.splitlines() if "kept executables" in line]
+    assert cold_hits == 0 and cold_n > 0 and kept[0] == (0, 3), text  # cold: compiled, and kept
+    assert warm_n == 0 and kept[1] == (3, 0), text  # warm: the three executables, nothing compiled
+    assert kept[2] == (0, 3) and 0 < new_n - new_hits < new_n, text  # a new activation: new programs (init from JAX's cache)
     assert "target: warm rerun adds <= 1 s:" in text and "target: a new program compiles in <= 8 s cold:" in text
     assert compile_cache.entries(tmp_path / "cache")[0] >= cold_n

@@ -5,10 +5,13 @@ steps with ``--steps``), three fresh Python processes train it one after
 another, sharing one new, empty persistent compilation cache folder
 (``PROXY_COMPILE_CACHE``, see :mod:`proxy.compile_cache`):
 
-1. **cold**: the cache is empty; everything compiles (and is written);
-2. **warm**: the same config again; every program comes from the cache;
-3. **new program**: the activation changed (``--act``), a program the cache
-   has not seen, compiled cold.
+1. **cold**: the cache is empty; everything is traced, compiled and kept
+   (JAX's cache and the run's executables, :mod:`proxy.executables`);
+2. **warm**: the same config again; every program is loaded as an
+   executable, nothing is traced or compiled;
+3. **new program**: the activation changed (``--act``), programs not seen
+   before (the ones whose XLA program is unchanged, e.g. the init, still
+   come from JAX's cache).
 
 Each process trains the config once and timestamps the end of every
 host-loop segment (every ``val_every`` = 100 steps). The first segment
@@ -39,7 +42,7 @@ import time
 
 import jax
 
-from proxy import compile_cache, layers, scales
+from proxy import compile_cache, executables, layers, scales
 from proxy.runner import train
 
 __all__ = ["main", "measure", "child", "WARM_TARGET_S", "COLD_TARGET_S"]
@@ -99,7 +102,9 @@ def child(steps: int | None, act: str | None, started: float | None = None) -> d
     per_step = (t_last - t_first) / (n_last - n_first)
     overhead = t_first - n_first * per_step
     top = sorted(per_program.items(), key=lambda kv: -kv[1])[:3]
-    return {"act": cfg.act, "steps": cfg.steps, "import_s": t_import, "run_s": total, "steps_s": cfg.steps * per_step,
+    kept = {f"exe_{k}": v for k, v in executables.stats.items()}
+    return {**kept, "act": cfg.act, "steps": cfg.steps, "import_s": t_import, "run_s": total,
+            "steps_s": cfg.steps * per_step,
             "step_ms": 1e3 * per_step, "overhead_s": overhead, "first_step_s": overhead + per_step,
             "cache_dir": str(compile_cache.active_dir()), "entries_before": before[0],
             "entries_after": compile_cache.entries()[0], "final_loss": run.final_loss, **totals, **counts,
@@ -139,6 +144,8 @@ def _row(name: str, m: dict) -> str:
             f"            trace {m['trace_s']:.2f} s, lower {m['lower_s']:.2f} s, backend {m['backend_s']:.2f} s "
             f"(cache reads {m['cache_read_s']:.2f} s); {m['programs']} programs, {m['cache_hits']} from the cache; "
             f"largest: {top}\n"
+            f"            kept executables: {m['exe_loaded']} loaded ({m['exe_load_s']:.2f} s), "
+            f"{m['exe_compiled']} traced and compiled ({m['exe_compile_s']:.2f} s)\n"
             f"            import proxy {m['import_s']:.1f} s, whole process {m['process_s']:.1f} s")
 
 

@@ -41,12 +41,10 @@ def step_timer(config: Config, steps: int):
     program = program_for(config)
     dyn = dynamic_for(config)
     state, teacher = program.init(dyn)
-    shape = program.segment_shape(0, steps)
-    segment = jax.jit(program.segment, static_argnames=("n_periods", "tail", "plain"),
-                      compiler_options=compiler_options())
+    segment = jax.jit(program.segment, static_argnames=("n",), compiler_options=compiler_options())
 
     def run():
-        s, m = segment(state, dyn, teacher, np.int32(0), **shape)
+        s, m = segment(state, dyn, teacher, np.int32(0), n=steps)
         jax.block_until_ready(m["loss"])
 
     return run

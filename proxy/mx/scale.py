@@ -120,15 +120,21 @@ def block_table(fmt: ElementFormat, scale_rule: str) -> np.ndarray:
     columns (e, nan, sat, v, step, half), one row per amax exponent field F
     (0..255), and under "rceil" 256 more rows with e bumped by one. A block
     depends on its amax only through its row (:func:`_table_index`)."""
-    field = np.arange(256, dtype=np.int32)
-    with jax.ensure_compile_time_eval():
-        e = floor_exponent(jnp.asarray(field), fmt)
-        if scale_rule == "rceil":
-            field, e = np.tile(field, 2), jnp.concatenate([e, e + 1])
-        nan = (jnp.asarray(field) == 255) | (e > SCALE_EXP_MAX)
-        blk = block_quantities(e, nan, fmt)
-        cols = [np.asarray(c).astype(np.int64) for c in blk]
-    return np.stack(cols, axis=-1)
+    with jax.ensure_compile_time_eval():  # concrete even when first asked for inside a trace
+        cols = _block_table_columns(fmt, scale_rule == "rceil")
+    return np.stack([np.asarray(c).astype(np.int64) for c in cols], axis=-1)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _block_table_columns(fmt: ElementFormat, bumped_rows: bool) -> Block:
+    """The columns of :func:`block_table`, computed as one small compiled
+    program (op-by-op evaluation would compile a dozen)."""
+    field = jnp.arange(256, dtype=jnp.int32)
+    e = floor_exponent(field, fmt)
+    if bumped_rows:
+        field, e = jnp.tile(field, 2), jnp.concatenate([e, e + 1])
+    nan = (field == 255) | (e > SCALE_EXP_MAX)
+    return block_quantities(e, nan, fmt)
 
 
 def _table_index(amax, fmt: ElementFormat, scale_rule: str):
