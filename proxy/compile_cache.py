@@ -26,7 +26,8 @@ would still be recompiled on every rerun. The cache is not size-capped
 clear it. Entries are keyed by the program, the compile options, the JAX
 and XLA versions and the device, so a stale entry is never used. As JAX
 warns, a compilation cache is trusted code: do not share its folder with
-users you do not trust.
+users you do not trust. :mod:`proxy.executables` keeps a run's whole
+compiled programs in a subfolder, so that a rerun need not even trace them.
 """
 
 from __future__ import annotations
