@@ -293,10 +293,11 @@ class Program:
                 ref = (ref_loss, diagnostics.global_norm(ref_grads)) + \
                     self._update(state.ref_opt, state.ref_params, ref_grads, lr)[:2]
             if self.period:
-                diag_metrics = jax.lax.cond(
-                    t % self.period == 0,
-                    lambda: self._diagnostics(state.params, grads, ref_grads, inter, x, y),
-                    self._nan_diagnostics)
+                def measure():
+                    return self._diagnostics(state.params, grads, ref_grads, inter, x, y)
+
+                diag_metrics = jax.lax.cond(t % self.period == 0, measure,
+                                            lambda: _nan_like(jax.eval_shape(measure)))
             return loss, grads, new_params, new_opt, updates, ref, diag_metrics
 
         if promote is None:
@@ -379,10 +380,6 @@ class Program:
         out["act_clamp_frac"] = jnp.mean(out["act_clamp_frac/block"])
         return out
 
-    def _nan_diagnostics(self):
-        """The diagnostic metrics of a non-diagnostic step: NaN of the same shapes."""
-        return jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), _diagnostic_shapes(self.config))
-
     def segment(self, state, dyn, teacher, start, *, n: int):
         """Run ``n`` steps from step ``start`` (traced int32): one ``lax.scan``
         over the step. Returns the new state and the metrics stacked over steps."""
@@ -402,19 +399,10 @@ class Program:
         return jax.lax.fori_loop(0, c.val_batches, batch_loss, jnp.float32(0)) / c.val_batches
 
 
-@functools.lru_cache(maxsize=64)
-def _diagnostic_shapes(key: Config):
-    """Shapes and dtypes of the diagnostic metrics of ``key``'s program,
-    traced once per program rather than inside every step's trace."""
-    program = program_for(key)
-
-    def probe(d):
-        s, te = program.init(d)
-        x, y = program._batch(d, te, 0)
-        _, g, inter = program._loss_grad(program.reference, s.params, x, y)
-        return program._diagnostics(s.params, g, g if program.paired else None, inter, x, y)
-
-    return jax.eval_shape(probe, dynamic_for(key))
+def _nan_like(shapes):
+    """NaN arrays of the shapes and dtypes ``shapes`` (a pytree of ``ShapeDtypeStruct``):
+    the diagnostic metrics of a non-diagnostic step."""
+    return jax.tree.map(lambda a: jnp.full(a.shape, jnp.nan, a.dtype), shapes)
 
 
 @functools.lru_cache(maxsize=64)

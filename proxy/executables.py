@@ -86,7 +86,8 @@ def folder() -> Path | None:
 
 def _environment() -> tuple:
     dev = jax.devices()[0]
-    return (jax.__version__, dev.client.platform_version, dev.platform, getattr(dev, "device_kind", ""), bool(jax.config.jax_enable_x64), str(jax.config.jax_default_prng_impl),
+    return (jax.__version__, dev.client.platform_version, dev.platform, getattr(dev, "device_kind", ""),
+            bool(jax.config.jax_enable_x64), str(jax.config.jax_default_prng_impl),
             str(jax.config.jax_default_matmul_precision), os.environ.get("XLA_FLAGS", ""))
 
 
@@ -176,7 +177,6 @@ def _unlink(path: Path) -> None:
 
 
 def _load(path: Path):
-
     try:
         payload, in_tree, out_tree = pickle.loads(path.read_bytes())
         return deserialize_and_load(payload, in_tree, out_tree)
@@ -186,7 +186,6 @@ def _load(path: Path):
 
 
 def _save(path: Path, compiled) -> None:
-
     global _warned
     tmp = None
     try:
