@@ -37,6 +37,7 @@ import jax
 import pandas as pd
 
 from proxy import interventions, runner
+from proxy.engine import compiler_options, dynamic_for, program_for
 from proxy import scales as _scales
 from proxy import store as _store
 from proxy.config import Config
@@ -79,7 +80,7 @@ def plan(scale: str | _scales.Scale, kinds: Iterable[str] = KINDS) -> list[Entry
                                        diagnostics_every=c.grid_diagnostics_every,
                                        val_every=_multiple(base.val_every, c.grid_diagnostics_every))
                     out.append(Entry(f"grid-w{w}-{r}-lr{_lr(lr)}", "grid", cfg))
-    paired_base = s.config.replace(steps=c.paired_steps, paired_run=True,
+    paired_base = s.config.replace(steps=c.paired_steps, paired_run=True, checkpoint_every=c.checkpoint_every,
                                    checkpoint_at=tuple(c.intervention_steps))
     if "paired" in kinds:
         for w in c.paired_widths:
@@ -94,7 +95,7 @@ def plan(scale: str | _scales.Scale, kinds: Iterable[str] = KINDS) -> list[Entry
                 for seed in c.seeds:
                     cfg = paired_base.replace(width=w, recipe=recipe, reference_recipe=ref, lr=c.paired_lrs[0],
                                               seed=seed, reference_seed=seed + offset if offset else None,
-                                              checkpoint_at=())
+                                              checkpoint_every=0, checkpoint_at=())
                     tag = f"{recipe}-vs-{ref}" + (f"-seed+{offset}" if offset else "")
                     out.append(Entry(f"control-w{w}-{tag}-s{seed}", "control", cfg))
     return out
@@ -181,7 +182,7 @@ def load_results(results: str | os.PathLike, kinds: Iterable[str] = KINDS) -> li
 
 def run(scale: str | _scales.Scale, out: str | os.PathLike, *, kinds: Iterable[str] = KINDS,
         widths: Iterable[int] | None = None, progress: bool = True, store: bool = True,
-        log: Callable[[str], None] = print) -> pd.DataFrame:
+        log: Callable[[str], None] = print, estimate: bool = False) -> pd.DataFrame:
     """Train (or load) every run of the scale's campaign into ``out/runs`` (or
     memory only with ``store=False``) and export each to ``out/results`` as
     soon as it is done; returns the index.
@@ -190,7 +191,9 @@ def run(scale: str | _scales.Scale, out: str | os.PathLike, *, kinds: Iterable[s
     ``intervention``); ``widths``: only these widths. Runs of one width and
     recipe that differ only in LR or seed train as one vmapped program.
     Interrupted, it resumes: finished runs load from the store and an
-    unfinished one continues from its last checkpoint.
+    unfinished one continues from its last checkpoint. ``estimate``: first
+    time two steps of each paired run still to train and log the expected
+    wall time (a compile each).
     """
     s = scale if isinstance(scale, _scales.Scale) else _scales.get(scale)
     kinds = _check_kinds(kinds)
@@ -222,6 +225,17 @@ def run(scale: str | _scales.Scale, out: str | os.PathLike, *, kinds: Iterable[s
                 status = f"diverged at {r.diverged_at}" if r.diverged_at is not None else "stable"
                 log(f"  {m.label}: final loss {r.final_loss:.4g}, {status} ({time.perf_counter() - t0:.0f}s)")
 
+    if estimate and "paired" in kinds:
+        todo = [e for e in entries if e.kind == "paired" and not (results / e.label / "run.json").exists()]
+        total = 0.0
+        for e in todo:
+            sec = seconds_per_step(e.config)
+            total += sec * e.config.steps
+            log(f"[campaign {s.name}] {e.label}: {sec:.2f} s/step measured here, {e.config.steps} steps "
+                f"≈ {sec * e.config.steps / 3600:.1f} h")
+        if todo:
+            log(f"[campaign {s.name}] expected wall time of the paired runs still to train: {total / 3600:.1f} h "
+                f"from scratch (less where the store holds checkpoints to resume from)")
     # the headline first (a time-limited run keeps what it finished): paired runs, their
     # interventions, the controls, then the LR grid
     if "paired" in kinds:
@@ -238,26 +252,49 @@ def run(scale: str | _scales.Scale, out: str | os.PathLike, *, kinds: Iterable[s
 
 
 def _interventions(s: _scales.Scale, widths, store, results, progress, log):
-    """Fig. 7: the first paired recipe's run at the largest width (first LR
-    and seed), continued from each intervention step with each mitigation."""
+    """Fig. 7: paired runs at the largest width (first LR and seed) continued
+    from each intervention step with each mitigation: the first paired
+    recipe's run, or, with ``interventions_after_divergence``, every paired
+    run that diverged (from the steps before its divergence)."""
     c = s.campaign
-    parents = [e for e in plan(s, ("paired",)) if (widths is None or e.config.width in widths)
-               and e.config.recipe.name == c.paired_recipes[0]]
-    if not parents:
+    paired = [e for e in plan(s, ("paired",)) if widths is None or e.config.width in widths]
+    if not paired:
         return
-    p = max(parents, key=lambda e: e.config.width)
-    parent = runner.train(p.config, store=store, progress=progress)
-    for t in c.intervention_steps:
-        if parent.diverged_at is not None and t >= parent.diverged_at:
-            log(f"  {p.label}: diverged at {parent.diverged_at}, before the intervention at {t}")
+    top = max(e.config.width for e in paired)
+    first = [e for e in paired if e.config.width == top and e.config.lr == c.paired_lrs[0]
+             and e.config.seed == c.seeds[0]]
+    if not c.interventions_after_divergence:
+        first = [e for e in first if e.config.recipe.name == c.paired_recipes[0]]
+    for p in first:
+        parent = runner.train(p.config, store=store, progress=progress)
+        if c.interventions_after_divergence and parent.diverged_at is None:
+            log(f"  {p.label}: stable to step {p.config.steps}, no interventions needed")
             continue
-        for name in c.interventions:
-            child = interventions.intervene(parent, t, apply=name, checkpoint_at=(), store=store or False,
-                                            progress=progress)
-            label = f"intervention-{p.label.removeprefix('paired-')}-at{t}-{name}"
-            export(child, label, "intervention", results)
-            status = f"diverged at {child.diverged_at}" if child.diverged_at is not None else "stable"
-            log(f"  {label}: final loss {child.final_loss:.4g}, {status}")
+        for t in c.intervention_steps:
+            if parent.diverged_at is not None and t >= parent.diverged_at:
+                log(f"  {p.label}: diverged at {parent.diverged_at}, before the intervention at {t}")
+                continue
+            for name in c.interventions:
+                child = interventions.intervene(parent, t, apply=name, checkpoint_at=(), checkpoint_every=0,
+                                                store=store or False, progress=progress)
+                label = f"intervention-{p.label.removeprefix('paired-')}-at{t}-{name}"
+                export(child, label, "intervention", results)
+                status = f"diverged at {child.diverged_at}" if child.diverged_at is not None else "stable"
+                log(f"  {label}: final loss {child.final_loss:.4g}, {status}")
+
+
+def seconds_per_step(config: Config, steps: int = 2) -> float:
+    """Measured wall seconds of one training step of ``config`` (its paired
+    run and diagnostics included, at their period): ``steps`` steps timed
+    after a compiled warm-up call."""
+    program, dyn = program_for(config), dynamic_for(config)
+    state, teacher = jax.jit(program.init, compiler_options=compiler_options(config))(dyn)
+    n = max(steps, config.diagnostics_every or 1)
+    seg = jax.jit(program.segment, static_argnames=("n",), compiler_options=compiler_options(config))
+    jax.block_until_ready(seg(state, dyn, teacher, jax.numpy.int32(0), n=n))
+    t0 = time.perf_counter()
+    jax.block_until_ready(seg(state, dyn, teacher, jax.numpy.int32(0), n=n))
+    return (time.perf_counter() - t0) / n
 
 
 def _lr_only(members: list[Entry]) -> bool:

@@ -89,7 +89,7 @@ def _figures(args) -> int:
 def _campaign(args) -> int:
     try:
         index = campaign.run(args.scale, args.out, kinds=args.only or campaign.KINDS, widths=args.widths,
-                             progress=not args.quiet, store=not args.no_store)
+                             progress=not args.quiet, store=not args.no_store, estimate=args.estimate)
     except ValueError as err:
         args.parser.error(str(err))
     except KeyboardInterrupt:
@@ -128,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     camp.add_argument("--widths", nargs="+", type=int, help="only these model widths")
     camp.add_argument("--figures", metavar="DIR", help="also write the campaign's figures into DIR")
     camp.add_argument("--quiet", action="store_true", help="no progress bars")
+    camp.add_argument("--estimate", action="store_true",
+                      help="first time two steps of each paired run still to train and print the expected wall time")
     camp.add_argument("--no-store", action="store_true",
                       help="keep the runs in memory (no OUT/runs: nothing to resume from); results are still written")
     camp.set_defaults(func=_campaign, parser=camp)

@@ -45,7 +45,15 @@ class Config:
     ``warmup_steps`` of linear warm-up. Seeds: ``seed`` (student init),
     ``data_seed`` (batches), ``teacher_seed`` (teacher weights).
 
-    Precision: ``recipe`` (a preset name or a :class:`Recipe`).
+    Precision: ``recipe`` (a preset name or a :class:`Recipe`). ``dot``:
+    how GEMMs whose operands hold only bfloat16 values (MX elements of at
+    most 8 significant bits with E8M0 scales, bf16 vector values) are
+    computed on the CPU: ``"f32"`` float32 dots, the reproducible reference
+    path (XLA's YNNPACK fusions off, so sweeps equal single runs); ``"bf16"``
+    bfloat16 × bfloat16 → float32 dots on the AVX512-BF16/AMX units (YNNPACK
+    on): the same products and float32 accumulation in another summation
+    order, 1.6-1.9× the float32 GEMM speed (docs/benchmarks.md). GPUs use bf16
+    tensor-core dots for such GEMMs with either value.
 
     Beyond the paper: ``arch`` ``"resmlp"`` (the paper's student) or
     ``"ngpt"`` (hypersphere-normalized, :mod:`proxy.ngpt`; ``norm`` does not
@@ -68,8 +76,8 @@ class Config:
     fp32) alongside from the same init, batches and LR, or from
     ``reference_seed`` / on ``reference_data_seed``'s batches when set (the
     controls of the paper's metric: FP32 against FP32 with another seed). With
-    it, every step records ``ref_loss`` and ``ref_grad_norm``, and every
-    diagnostic step ``zeta_paper`` = ‖g̃ − g_ref‖² / ‖g_ref‖² (squared, the
+    it, every step records ``ref_loss``, ``ref_grad_norm`` and
+    ``zeta_paper`` = ‖g̃ − g_ref‖² / ‖g_ref‖² (squared, the
     quantity the paper plots; two uncorrelated gradients of equal norm give
     exactly 2) and ``cosine_paper`` against the paired run's gradient.
     ``val_every`` steps (a multiple of ``diagnostics_every``) the loss on
@@ -108,6 +116,7 @@ class Config:
     data_seed: int = 0
     teacher_seed: int = 0
     recipe: str | Recipe = "fp32"
+    dot: str = "f32"
     arch: str = "resmlp"
     controller: GNMR | str | None = None
     diagnostics_every: int = 10
@@ -167,6 +176,7 @@ class Config:
             if getattr(self, name) is not None:
                 positive_int(name)
         choice("act", ACTIVATIONS)
+        choice("dot", _recipes.DOTS)
         choice("teacher_act", ACTIVATIONS, optional=True)
         choice("norm", NORMS)
         choice("arch", ARCHS)

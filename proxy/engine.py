@@ -53,16 +53,20 @@ ROUNDING_STREAM = 0x5EED
 _VAL_STEP = 0x7FFFFFFF  # the rounding "step" of validation passes (training steps never reach it)
 
 
-def compiler_options() -> dict | None:
+def compiler_options(config: Config | None = None) -> dict | None:
     """XLA options of every compiled piece of a run (and of a vmapped sweep).
 
     On CPU, XLA's YNNPACK library fusions reduce in an order that depends on
     the shape around them, so a member of a vmapped sweep would differ from
     its single run in the last bits; plain XLA loop fusions reduce each row
     in the same order whatever the leading (member) axes, which keeps sweeps
-    bit-for-bit equal to individual runs.
+    bit-for-bit equal to individual runs. ``Config.dot="bf16"`` needs
+    YNNPACK (it runs the bf16 GEMMs on the AVX512-BF16/AMX units), so such a
+    run keeps XLA's default options.
     """
-    return {"xla_cpu_experimental_ynn_fusion_type": ""} if jax.default_backend() == "cpu" else None
+    if jax.default_backend() != "cpu" or (config is not None and config.dot == "bf16"):
+        return None
+    return {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
 def scale_by_adam(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
@@ -177,12 +181,12 @@ class Program:
 
     def __init__(self, config: Config):
         c = self.config = static_key(config)
-        self.recipe = c.recipe
+        self.recipe = c.recipe.with_dot(c.dot)
         kw = dict(width=c.width, depth=c.depth, act=c.act, norm=c.norm, init_scheme=c.init, init_gain=c.init_gain)
         self.controller = c.controller
-        high = PRESETS[c.controller.action] if c.controller is not None else None
-        self.student = architectures.student(c.arch, recipe=c.recipe, high_recipe=high, **kw)
-        self.reference = architectures.student(c.arch, recipe=c.reference_recipe, **kw)
+        high = PRESETS[c.controller.action].with_dot(c.dot) if c.controller is not None else None
+        self.student = architectures.student(c.arch, recipe=self.recipe, high_recipe=high, **kw)
+        self.reference = architectures.student(c.arch, recipe=c.reference_recipe.with_dot(c.dot), **kw)
         self.normalize = architectures.weight_projection(c.arch)
         self.stochastic = c.recipe.stochastic
         tw, td, ta = c.teacher
@@ -199,7 +203,7 @@ class Program:
         self.ref_own_data = c.reference_data_seed is not None
         # the run is its own same-point reference: reuse its gradient (ζ exactly 0, cosine exactly 1)
         self.self_reference = c.recipe == c.reference_recipe and c.controller is None
-        rs = c.recipe
+        rs = self.recipe
         self.ln_spec = _diagnostic_spec(rs.weight_spec or MXSpec(c.diagnostic_format))
         self.act_spec = _diagnostic_spec(rs.fwd_x or rs.weight_spec or MXSpec(c.diagnostic_format))
         self.weight_spec = _diagnostic_spec(rs.weight_spec or MXSpec(c.diagnostic_format), keep_tiles=True)
@@ -290,7 +294,8 @@ class Program:
             if self.paired:
                 xr, yr = self._batch(dyn, teacher, t, reference=True) if self.ref_own_data else (x, y)
                 ref_loss, ref_grads, _ = self._loss_grad(self.reference, state.ref_params, xr, yr)
-                ref = (ref_loss, diagnostics.global_norm(ref_grads)) + \
+                # the paper's ζ every step: the paired gradient is at hand, and the paper logged it every 5 steps
+                ref = (ref_loss, diagnostics.global_norm(ref_grads), diagnostics.paper_zeta(grads, ref_grads)) + \
                     self._update(state.ref_opt, state.ref_params, ref_grads, lr)[:2]
             if self.period:
                 def measure():
@@ -336,12 +341,14 @@ class Program:
                 "low_precision_frac": 1.0 - jnp.mean(promote[:, 1].astype(jnp.float32)),
             })
         if ref is not None:
-            ref_loss, ref_norm, rp, ro = ref
+            ref_loss, ref_norm, (zeta_paper, cosine_paper), rp, ro = ref
             ref_ok = jnp.isfinite(ref_loss)
             new_state = new_state._replace(ref_params=_where(ref_ok, rp, state.ref_params),
                                            ref_opt=_where(ref_ok, ro, state.ref_opt))
             metrics["ref_loss"] = ref_loss
             metrics["ref_grad_norm"] = ref_norm
+            metrics["zeta_paper"] = zeta_paper
+            metrics["cosine_paper"] = cosine_paper
         if self.period:
             metrics.update(diag_metrics)
         return new_state, metrics
@@ -350,8 +357,6 @@ class Program:
         """Diagnostic-step metrics. ``paired_grads``: the paired run's gradient
         at this step (``None`` without one)."""
         out = {}
-        if paired_grads is not None:
-            out["zeta_paper"], out["cosine_paper"] = diagnostics.paper_zeta(grads, paired_grads)
         if not self.same_point:
             ref_grads = paired_grads
         elif self.self_reference:

@@ -26,6 +26,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.layout import Layout, with_layout_constraint
 
 from kernels.mx_matmul import mx_dot
 from proxy.quantize import MXSpec, quantize
@@ -128,7 +129,8 @@ def switch(flag, fn, recipe: Recipe, high: Recipe | None):
 
 
 def mx_matmul(a, b, a_spec: MXSpec | None, b_spec: MXSpec | None, vector: str = "fp32", backend: str = "xla",
-              *, a_axis: int = 1, b_axis: int = 0, a_key=None, b_key=None, rounding: str = "even"):
+              *, a_axis: int = 1, b_axis: int = 0, a_key=None, b_key=None, rounding: str = "even",
+              dot: str = "f32"):
     """Contract 2-D ``a`` and ``b`` over ``a_axis``/``b_axis`` (K), each operand
     quantized along K, float32 accumulation, output rounded to ``vector``
     (ties ``rounding``, also for the operands' vector rounding).
@@ -136,6 +138,15 @@ def mx_matmul(a, b, a_spec: MXSpec | None, b_spec: MXSpec | None, vector: str = 
     The defaults are ``a (M, K) @ b (K, N)``. Other axes avoid materialized
     transposes, so the fp32 recipe reproduces JAX's own dot gradients bit for bit.
     ``a_key``/``b_key``: PRNG keys of operands that round stochastically.
+
+    ``dot`` (:attr:`Recipe.dot`) picks how a GEMM whose two operands hold only
+    bfloat16 values (:func:`_bf16_exact`) is computed on the CPU: ``"f32"``,
+    a float32 dot; ``"bf16"``, a bfloat16 × bfloat16 → float32 dot, which
+    XLA's YNNPACK runs on the AVX512-BF16/AMX units (with the contracted axis
+    of a transposed operand made minor first, so all three GEMMs get the fast
+    kernel). Both multiply the same values exactly and accumulate in float32:
+    they differ only in summation order. GPUs always take the bf16 dot (tensor
+    cores). Other GEMMs are float32 dots at HIGHEST precision everywhere.
     """
     if backend == "pallas" and a_spec is not None and b_spec is not None:
         # both operands MX: Pallas quantize kernels + MX GEMM, no transposes materialized (kernels/README.md).
@@ -153,9 +164,18 @@ def mx_matmul(a, b, a_spec: MXSpec | None, b_spec: MXSpec | None, vector: str = 
             return jax.lax.dot_general(qa.astype(jnp.bfloat16), qb.astype(jnp.bfloat16), dims,
                                        preferred_element_type=jnp.float32)
 
+        def cpu_bf16_dot(qa, qb):
+            # YNNPACK's bf16 GEMM is fast for a (M, K) @ (K, N) and (M, K) x (N, K) but not when a's K is
+            # its major axis (the wgrad GEMM): give that operand a row-major (K-minor) transposed copy.
+            qa, qb = qa.astype(jnp.bfloat16), qb.astype(jnp.bfloat16)
+            if a_axis == 0:
+                qa = with_layout_constraint(qa.T, Layout(major_to_minor=(0, 1)))
+                return jax.lax.dot_general(qa, qb, (((1,), (b_axis,)), ((), ())), preferred_element_type=jnp.float32)
+            return jax.lax.dot_general(qa, qb, dims, preferred_element_type=jnp.float32)
+
         if _bf16_exact(a_spec, vector) and _bf16_exact(b_spec, vector):
-            # chosen when lowering: CPU results never depend on it
-            out = jax.lax.platform_dependent(qa, qb, cuda=bf16_dot, rocm=bf16_dot, default=f32_dot)
+            cpu = cpu_bf16_dot if dot == "bf16" else f32_dot
+            out = jax.lax.platform_dependent(qa, qb, cuda=bf16_dot, rocm=bf16_dot, default=cpu)
         else:
             out = f32_dot(qa, qb)
     return vround(out, vector, rounding)
@@ -176,7 +196,7 @@ def _bf16_exact(spec: MXSpec | None, vector: str) -> bool:
 def _dense2d(x, w, b, key, recipe: Recipe):
     r = recipe
     v, rnd = r.vector, r.vector_rounding
-    y = mx_matmul(x, w, r.fwd_x, r.fwd_w, v, r.backend, rounding=rnd,
+    y = mx_matmul(x, w, r.fwd_x, r.fwd_w, v, r.backend, rounding=rnd, dot=r.dot,
                   a_key=operand_key(key, r, "fwd_x"), b_key=operand_key(key, r, "fwd_w"))
     return y if b is None else vround(y + vround(b, v, rnd), v, rnd)
 
@@ -194,9 +214,11 @@ def _dense2d_bwd(recipe, res, g):
     r = recipe
     v, rnd = r.backward_vector, r.vector_rounding
     g = vround(g, v, rnd)
-    dx = mx_matmul(g, w, r.dgrad_g, r.dgrad_w, v, r.backend, a_axis=1, b_axis=1, rounding=rnd,  # over out-features
+    dx = mx_matmul(g, w, r.dgrad_g, r.dgrad_w, v, r.backend, a_axis=1, b_axis=1,  # over out-features
+                   rounding=rnd, dot=r.dot,
                    a_key=operand_key(key, r, "dgrad_g"), b_key=operand_key(key, r, "dgrad_w"))
-    dw = mx_matmul(x, g, r.wgrad_x, r.wgrad_g, v, r.backend, a_axis=0, b_axis=0, rounding=rnd,  # over the batch
+    dw = mx_matmul(x, g, r.wgrad_x, r.wgrad_g, v, r.backend, a_axis=0, b_axis=0,  # over the batch
+                   rounding=rnd, dot=r.dot,
                    a_key=operand_key(key, r, "wgrad_x"), b_key=operand_key(key, r, "wgrad_g"))
     db = None if b is None else vround(jnp.sum(g, axis=0), v, rnd)
     return dx, dw, db, None

@@ -28,9 +28,10 @@ from typing import Callable, Iterable
 from proxy.quantize import NVFP4, MXSpec
 
 __all__ = ["Recipe", "PRESETS", "get", "names", "VECTOR_PRECISIONS", "VECTOR_ROUNDINGS", "LN_PRECISIONS", "table",
-           "FAMILIES", "Mitigation", "MITIGATIONS", "mitigate"]
+           "DOTS", "FAMILIES", "Mitigation", "MITIGATIONS", "mitigate"]
 
 VECTOR_PRECISIONS = ("fp32", "bf16")
+DOTS = ("f32", "bf16")  # how a GEMM of bf16-exact operands is computed (Recipe.dot, Config.dot)
 VECTOR_ROUNDINGS = ("even", "away")
 LN_PRECISIONS = ("vector", "fp32", "stats_fp32")
 _OPERANDS = ("fwd_x", "fwd_w", "dgrad_g", "dgrad_w", "wgrad_x", "wgrad_g")
@@ -72,6 +73,13 @@ class Recipe:
         ``"fp32"`` (the paper's "stop quantizing GELU" intervention).
       backend: GEMM implementation, ``"xla"`` (quantize, then ``jnp.dot``) or
         ``"pallas"`` (the fused kernels in ``kernels/``).
+      dot: how the XLA backend computes a GEMM whose two operands hold only
+        bfloat16 values (see :func:`proxy.layers.mx_matmul`): ``"f32"``, a
+        float32 dot on the CPU (the reproducible reference path; GPUs use
+        bf16 tensor-core dots either way), or ``"bf16"``, a bfloat16 ×
+        bfloat16 → float32 dot on every platform (the CPU's AVX512-BF16/AMX
+        units): the same products and float32 accumulation, in another
+        summation order. Set per run by :attr:`proxy.Config.dot`.
       overrides: ``((pattern, recipe), ...)``: dense layers whose name matches
         ``pattern`` (an ``fnmatch`` glob over the names
         ``block_{i}/fc{j}``, ``first/fc{j}`` for block 0 and ``last/fc{j}``
@@ -93,6 +101,7 @@ class Recipe:
     ln_affine: MXSpec | None = None
     act_precision: str = "vector"
     backend: str = "xla"
+    dot: str = "f32"
     overrides: tuple[tuple[str, "Recipe"], ...] = ()
     vector_rounding: str = "even"
     backward_precision: str = "vector"
@@ -114,6 +123,8 @@ class Recipe:
                 raise ValueError(f"unknown {field} {getattr(self, field)!r}; valid: vector, fp32")
         if not isinstance(self.train_ln_bias, bool):
             raise ValueError(f"Recipe.train_ln_bias must be True or False, got {self.train_ln_bias!r}")
+        if self.dot not in DOTS:
+            raise ValueError(f"unknown dot {self.dot!r}; valid: {', '.join(DOTS)}")
         if self.backend not in ("xla", "pallas"):
             raise ValueError(f"unknown backend {self.backend!r}; valid: xla, pallas")
         if self.backend == "pallas":
@@ -181,6 +192,12 @@ class Recipe:
         """The spec the weights see in the forward GEMM; the paper counts LN
         clamping as if the gains were quantized with it."""
         return self.fwd_w
+
+    def with_dot(self, dot: str) -> "Recipe":
+        """This recipe (and its overrides) with GEMM dot kind ``dot``."""
+        if dot == self.dot and all(r.dot == dot for _, r in self.overrides):
+            return self
+        return dataclasses.replace(self, dot=dot, overrides=tuple((p, r.replace(dot=dot)) for p, r in self.overrides))
 
     def map_specs(self, fn) -> "Recipe":
         """Apply ``fn(spec) -> spec`` to every non-None MX spec (overrides' included)."""

@@ -67,7 +67,7 @@ class Member:
 
 
 def _program(name: str, fn: Callable, key, static_argnames=()) -> CachedProgram:
-    opts = compiler_options()
+    opts = compiler_options(key if isinstance(key, Config) else key[0])
     return CachedProgram(name, jax.jit(fn, static_argnames=static_argnames, compiler_options=opts), key, opts)
 
 
@@ -95,8 +95,11 @@ def _compiled(key: Config, dyn_axes: tuple, teacher_axis):
         def one(s, d, te):
             return program.segment(s, d, te, start, n=n)
 
-        if program.controller is None:
+        if program.controller is None and key.dot != "bf16":
             return jax.vmap(one, in_axes=(0, axes, teacher_axis))(state, dyn, teacher)
+        # one member after another (lax.map), each running the single run's program: vmap would turn a
+        # controller's cond into a select of both branches, and would hand YNNPACK (dot="bf16") batched
+        # GEMMs that sum in another order than a single run's
         mapped = (state, Dynamic(*[v if ax == 0 else None for v, ax in zip(dyn, axes)]),
                   teacher if teacher_axis == 0 else None)
 

@@ -55,6 +55,13 @@ class Campaign:
         recipe, reference seed offset)``: e.g. FP32 against FP32 with another
         seed, bf16 against FP32.
       seeds: student-init seeds of the paired runs and controls.
+      checkpoint_every: the paired runs also save their state every this
+        many steps (0: only at ``intervention_steps``), so a long campaign
+        resumes after a kill or in a new session close to where it stopped.
+      interventions_after_divergence: run the interventions only from a
+        paired run that diverged (each such run, from each intervention step
+        before its divergence), as the paper did; ``False``: from the first
+        paired recipe's run whatever it did.
     """
 
     grid_widths: tuple[int, ...] = ()
@@ -70,6 +77,8 @@ class Campaign:
     interventions: tuple[str, ...] = ()
     controls: tuple[tuple[str, str, int], ...] = ()
     seeds: tuple[int, ...] = (0,)
+    checkpoint_every: int = 0
+    interventions_after_divergence: bool = False
 
     def __post_init__(self):
         if self.grid_widths and not (self.grid_lrs and self.grid_recipes and self.grid_steps > 0):
@@ -262,7 +271,8 @@ _MEDIUM = Scale(
 
 _PAPER = Scale(
     name="paper",
-    config=Config(width=512, depth=4, batch=2048, lr=6e-4, steps=9000, diagnostics_every=10, val_every=200),
+    config=Config(width=512, depth=4, batch=2048, lr=6e-4, steps=9000, diagnostics_every=20, val_every=200,
+                  dot="bf16"),
     lr_grid=(1e-5, 3e-5, 1e-4, 3e-4, 6e-4, 1e-3),
     intervention_steps=(4500, 5080),
     depths=(3, 4, 6, 8),
@@ -270,14 +280,20 @@ _PAPER = Scale(
     sgd_lr=1.0,  # not from the paper (its Fig. 10 LR is not in the notes); plain SGD was stable to 2.5 at width 64
     seconds_per_run=None,
     note="The paper's proxy (width 512, depth 4, batch 2048, LR 6e-4, ~9000 steps; one MXFP8 E4M3 run "
-         "diverged near step 5100, interventions at 4500 and 5080). A GPU job; not run here.",
+         "diverged near step 5100, interventions at 4500 and 5080). GEMMs of bf16-exact operands as bf16 dots "
+         "(dot='bf16': tensor cores on a GPU, AVX512-BF16/AMX on a CPU). Its paired part runs on a 2-core CPU "
+         "as a background job over several sessions (`proxy campaign --scale paper --only paired intervention`).",
     stress={"lr": 1e-3, "diagnostics_every": 0},
     stress_seeds=(0, 1, 2),
+    # paired runs first (paper_e4m3, the authors' computation; mxfp8_e4m3, LN affine really MX-quantized), each
+    # with its FP32 run alongside; checkpoints at the paper's intervention steps and every 500 for resuming
     campaign=Campaign(grid_widths=(256, 512), grid_lrs=(1e-4, 5e-4, 6e-4, 1e-3),
                       grid_recipes=("fp32", "paper_mix", "paper_fp6", "paper_e4m3"), grid_steps=7000,
-                      paired_recipes=("paper_e4m3",), paired_widths=(512,), paired_lrs=(6e-4,), paired_steps=9000,
-                      intervention_steps=(4500, 5080), interventions=("fp32", "paper_no_ln_quant", "paper_bump"),
-                      controls=(("fp32", "fp32", 1), ("bf16", "fp32", 0))),
+                      paired_recipes=("paper_e4m3", "mxfp8_e4m3"), paired_widths=(512,), paired_lrs=(6e-4,),
+                      paired_steps=9000, intervention_steps=(4500, 4700, 4900, 5080, 5200),
+                      interventions=("fp32", "paper_no_ln_quant", "paper_bump", "rceil"),
+                      controls=(("fp32", "fp32", 1), ("bf16", "fp32", 0)), checkpoint_every=500,
+                      interventions_after_divergence=True),
     stress_note="NOT RUN (a GPU job); a guess, not verified: the top of the paper's LR sweep (1e-3). The base "
                 "config itself diverged once in MXFP8 E4M3 near step 5100 in the paper.",
 )
