@@ -5,7 +5,8 @@ A scale's :class:`~proxy.scales.Campaign` lists four kinds of runs:
 - ``grid``: Fig. 2, every width × recipe × learning rate (the LRs of one
   width and recipe are one vmapped program);
 - ``paired``: Figs. 4/5, each MX recipe with its FP32 run trained alongside
-  (``paired_run=True``): every diagnostic step records the same-point ‖ζ‖
+  (``paired_run=True``; the recipes of one width, LR and seed share one
+  FP32 run, :mod:`proxy.twins`): every diagnostic step records the same-point ‖ζ‖
   bound (quantization error at the same weights), the paper's squared ζ
   against the FP32 run, the cosines and the LN clamp fractions;
 - ``control``: the paper metric's controls, e.g. FP32 against FP32 with
@@ -36,7 +37,7 @@ from typing import Callable, Iterable
 import jax
 import pandas as pd
 
-from proxy import interventions, runner
+from proxy import interventions, runner, twins
 from proxy.engine import compiler_options, dynamic_for, program_for
 from proxy import scales as _scales
 from proxy import store as _store
@@ -204,8 +205,10 @@ def run(scale: str | _scales.Scale, out: str | os.PathLike, *, kinds: Iterable[s
         widths = set(widths)
         entries = [e for e in entries if e.config.width in widths]
     groups: dict = {}
-    for e in entries:  # one sweep per (kind, program): LRs and seeds vmapped
+    for e in entries:  # one sweep per (kind, program): LRs and seeds vmapped; paired recipes share their FP32 run
         key = (e.kind, e.config.replace(lr=1.0, seed=0, reference_seed=None))
+        if e.kind == "paired":
+            key = (e.kind, e.config.replace(recipe="fp32"))
         groups.setdefault(key, []).append(e)
     t0 = time.perf_counter()
     c = s.campaign
@@ -218,6 +221,9 @@ def run(scale: str | _scales.Scale, out: str | os.PathLike, *, kinds: Iterable[s
             if _lr_only(members):
                 trained = list(runner.sweep(members[0].config, store=store, progress=progress,
                                             lr=[m.config.lr for m in members]).runs)
+            elif twins.shareable([m.config for m in members]):  # 1 + k runs for k recipes
+                trained = list(runner.sweep(members[0].config, store=store, progress=progress,
+                                            recipe=[m.config.recipe for m in members]).runs)
             else:
                 trained = [runner.train(m.config, store=store, progress=progress) for m in members]
             for m, r in zip(members, trained):
@@ -226,15 +232,17 @@ def run(scale: str | _scales.Scale, out: str | os.PathLike, *, kinds: Iterable[s
                 log(f"  {m.label}: final loss {r.final_loss:.4g}, {status} ({time.perf_counter() - t0:.0f}s)")
 
     if estimate and "paired" in kinds:
-        todo = [e for e in entries if e.kind == "paired" and not (results / e.label / "run.json").exists()]
         total = 0.0
-        for e in todo:
-            sec = seconds_per_step(e.config)
-            total += sec * e.config.steps
-            log(f"[campaign {s.name}] {e.label}: {sec:.2f} s/step measured here, {e.config.steps} steps "
-                f"≈ {sec * e.config.steps / 3600:.1f} h")
-        if todo:
-            log(f"[campaign {s.name}] expected wall time of the paired runs still to train: {total / 3600:.1f} h "
+        for (k, _), members in groups.items():
+            todo = [m for m in members if not (results / m.label / "run.json").exists()]
+            if k != "paired" or not todo:
+                continue
+            sec = seconds_per_step([m.config for m in todo])
+            total += sec * todo[0].config.steps
+            log(f"[campaign {s.name}] {', '.join(m.label for m in todo)}: {sec * 1e3:.0f} ms/step measured here, "
+                f"{todo[0].config.steps} steps ≈ {_duration(sec * todo[0].config.steps)}")
+        if total:
+            log(f"[campaign {s.name}] expected wall time of the paired runs still to train: {_duration(total)} "
                 f"from scratch (less where the store holds checkpoints to resume from)")
     # the headline first (a time-limited run keeps what it finished): paired runs, their
     # interventions, the controls, then the LR grid
@@ -283,14 +291,25 @@ def _interventions(s: _scales.Scale, widths, store, results, progress, log):
                 log(f"  {label}: final loss {child.final_loss:.4g}, {status}")
 
 
-def seconds_per_step(config: Config, steps: int = 2) -> float:
-    """Measured wall seconds of one training step of ``config`` (its paired
-    run and diagnostics included, at their period): ``steps`` steps timed
-    after a compiled warm-up call."""
-    program, dyn = program_for(config), dynamic_for(config)
-    state, teacher = jax.jit(program.init, compiler_options=compiler_options(config))(dyn)
-    n = max(steps, config.diagnostics_every or 1)
-    seg = jax.jit(program.segment, static_argnames=("n",), compiler_options=compiler_options(config))
+def _duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{max(seconds / 60, 0.1):.1f} min"
+
+
+def seconds_per_step(configs: list[Config], steps: int = 2) -> float:
+    """Measured wall seconds of one training step of ``configs`` trained
+    together (one config, or paired recipes sharing their FP32 run; paired
+    runs and diagnostics included, at their period): at least ``steps``
+    steps timed after a compiled warm-up call."""
+    configs = configs if twins.shareable(configs) else configs[:1]
+    first = configs[0]
+    program = twins.TwinProgram(tuple(configs)) if len(configs) > 1 else program_for(first)
+    dyn = dynamic_for(first)
+    opts = compiler_options(first)
+    states = [jax.jit(program_for(c).init, compiler_options=opts)(dyn) for c in configs]
+    teacher = states[0][1]
+    state = twins.twin_state([st for st, _ in states]) if len(configs) > 1 else states[0][0]
+    n = max(steps, first.diagnostics_every or 1)
+    seg = jax.jit(program.segment, static_argnames=("n",), compiler_options=opts)
     jax.block_until_ready(seg(state, dyn, teacher, jax.numpy.int32(0), n=n))
     t0 = time.perf_counter()
     jax.block_until_ready(seg(state, dyn, teacher, jax.numpy.int32(0), n=n))

@@ -32,7 +32,7 @@ _CHOICES = {  # fields whose valid values argparse should list
     "act": layers.ACTIVATIONS, "teacher_act": layers.ACTIVATIONS, "norm": model.NORMS, "init": blocks.INITS,
     "arch": architectures.ARCHS, "optimizer": config.OPTIMIZERS, "schedule": config.SCHEDULES,
     "gradient_reference": config.GRADIENT_REFERENCES, "recipe": tuple(recipe.PRESETS),
-    "reference_recipe": tuple(recipe.PRESETS),
+    "reference_recipe": tuple(recipe.PRESETS), "dot": recipe.DOTS,
 }
 
 

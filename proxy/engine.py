@@ -282,28 +282,16 @@ class Program:
         compiled body: the diagnostics sit in a ``lax.cond`` whose other
         branch gives NaN of the same shapes."""
         promote = self._promote(state)
-        key = self.rounding_key(dyn, t)
         lr = self.lr_at(dyn, t)
 
         def body(mask):
-            """Batch, forward/backward, update, paired reference, diagnostics."""
+            """Batch, paired reference, forward/backward, update, diagnostics."""
             x, y = self._batch(dyn, teacher, t)
-            loss, grads, inter = self._loss_grad(self.student, state.params, x, y, key, mask)
-            new_params, new_opt, updates = self._update(state.opt_state, state.params, grads, lr)
-            ref = ref_grads = diag_metrics = None
+            ref = None
             if self.paired:
                 xr, yr = self._batch(dyn, teacher, t, reference=True) if self.ref_own_data else (x, y)
-                ref_loss, ref_grads, _ = self._loss_grad(self.reference, state.ref_params, xr, yr)
-                # the paper's ζ every step: the paired gradient is at hand, and the paper logged it every 5 steps
-                ref = (ref_loss, diagnostics.global_norm(ref_grads), diagnostics.paper_zeta(grads, ref_grads)) + \
-                    self._update(state.ref_opt, state.ref_params, ref_grads, lr)[:2]
-            if self.period:
-                def measure():
-                    return self._diagnostics(state.params, grads, ref_grads, inter, x, y)
-
-                diag_metrics = jax.lax.cond(t % self.period == 0, measure,
-                                            lambda: _nan_like(jax.eval_shape(measure)))
-            return loss, grads, new_params, new_opt, updates, ref, diag_metrics
+                ref = self.reference_step(state.ref_params, state.ref_opt, xr, yr, lr)
+            return self.student_step(state, t, dyn, x, y, lr, ref, mask)
 
         if promote is None:
             out = body(None)
@@ -313,6 +301,37 @@ class Program:
             # controller, bit for bit (finer conds move fusion boundaries, and
             # with them the roundings).
             out = jax.lax.cond(jnp.any(promote), lambda: body(promote), lambda: body(None))
+        return self.finish_step(state, t, dyn, lr, promote, out)
+
+    def reference_step(self, ref_params, ref_opt, x, y, lr):
+        """The paired reference run's step on batch (x, y): (loss, gradients,
+        new parameters, new optimizer state)."""
+        ref_loss, ref_grads, _ = self._loss_grad(self.reference, ref_params, x, y)
+        new_params, new_opt, _ = self._update(ref_opt, ref_params, ref_grads, lr)
+        return ref_loss, ref_grads, new_params, new_opt
+
+    def student_step(self, state: TrainState, t, dyn: Dynamic, x, y, lr, ref, mask=None):
+        """The student's forward/backward and update on batch (x, y), its
+        paper's ζ against ``ref`` (a :meth:`reference_step` result, or
+        ``None``) and, on diagnostic steps, its diagnostics; the tuple
+        :meth:`finish_step` takes."""
+        loss, grads, inter = self._loss_grad(self.student, state.params, x, y, self.rounding_key(dyn, t), mask)
+        new_params, new_opt, updates = self._update(state.opt_state, state.params, grads, lr)
+        ref_out = ref_grads = diag_metrics = None
+        if ref is not None:
+            ref_loss, ref_grads, rp, ro = ref
+            # the paper's ζ every step: the paired gradient is at hand, and the paper logged it every 5 steps
+            ref_out = (ref_loss, diagnostics.global_norm(ref_grads), diagnostics.paper_zeta(grads, ref_grads), rp, ro)
+        if self.period:
+            def measure():
+                return self._diagnostics(state.params, grads, ref_grads, inter, x, y)
+
+            diag_metrics = jax.lax.cond(t % self.period == 0, measure, lambda: _nan_like(jax.eval_shape(measure)))
+        return loss, grads, new_params, new_opt, updates, ref_out, diag_metrics
+
+    def finish_step(self, state: TrainState, t, dyn: Dynamic, lr, promote, out):
+        """(new TrainState, metrics) from a :meth:`student_step` result:
+        divergence check and masked updates, the controller, the paired run."""
         loss, grads, new_params, new_opt, updates, ref, diag_metrics = out
         bad = diagnostics.is_spike(loss, state.prev_loss, dyn.spike_factor)
         ok = ~state.diverged & ~bad

@@ -73,13 +73,9 @@ class Recipe:
         ``"fp32"`` (the paper's "stop quantizing GELU" intervention).
       backend: GEMM implementation, ``"xla"`` (quantize, then ``jnp.dot``) or
         ``"pallas"`` (the fused kernels in ``kernels/``).
-      dot: how the XLA backend computes a GEMM whose two operands hold only
-        bfloat16 values (see :func:`proxy.layers.mx_matmul`): ``"f32"``, a
-        float32 dot on the CPU (the reproducible reference path; GPUs use
-        bf16 tensor-core dots either way), or ``"bf16"``, a bfloat16 ×
-        bfloat16 → float32 dot on every platform (the CPU's AVX512-BF16/AMX
-        units): the same products and float32 accumulation, in another
-        summation order. Set per run by :attr:`proxy.Config.dot`.
+      dot: ``"f32"`` or ``"bf16"``: how a GEMM of two bf16-exact operands is
+        computed on the CPU (:func:`proxy.layers.mx_matmul`); set per run by
+        :attr:`proxy.Config.dot`.
       overrides: ``((pattern, recipe), ...)``: dense layers whose name matches
         ``pattern`` (an ``fnmatch`` glob over the names
         ``block_{i}/fc{j}``, ``first/fc{j}`` for block 0 and ``last/fc{j}``
@@ -195,8 +191,6 @@ class Recipe:
 
     def with_dot(self, dot: str) -> "Recipe":
         """This recipe (and its overrides) with GEMM dot kind ``dot``."""
-        if dot == self.dot and all(r.dot == dot for _, r in self.overrides):
-            return self
         return dataclasses.replace(self, dot=dot, overrides=tuple((p, r.replace(dot=dot)) for p, r in self.overrides))
 
     def map_specs(self, fn) -> "Recipe":

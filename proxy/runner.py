@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 
 from proxy import checkpoint as ckpt
 from proxy import store as _store
+from proxy import twins as _twins
 from proxy.config import Config
 from proxy.engine import Dynamic, TrainState, compiler_options, dynamic_for, program_for, static_key
 from proxy.executables import CachedProgram
@@ -83,6 +84,14 @@ def _compiled_single(key: Config):
     fuse, and round, differently from the sweeps it must equal)."""
     program = program_for(key)
     return (_program("segment", program.segment, key, ("n",)), _program("val_loss", program.val_loss, key))
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_twins(keys: tuple[Config, ...]):
+    """(segment, val_loss) of a twin group (:class:`proxy.twins.TwinProgram`)."""
+    program = _twins.TwinProgram(keys)
+    return (_program("twins_segment", program.segment, keys, ("n",)),
+            _program("twins_val_loss", program.val_loss, keys))
 
 
 @functools.lru_cache(maxsize=64)
@@ -150,9 +159,11 @@ def _finish(member: Member, state: TrainState, frames, wall: float) -> Run:
 
 
 def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True,
-                on_segment: Callable | None = None) -> list[Run]:
+                on_segment: Callable | None = None, twins: bool = False) -> list[Run]:
     """Train the members of one program group from step ``start`` to the end
-    as one compiled program; see the module docstring.
+    as one compiled program; see the module docstring. ``twins``: the
+    members are paired runs that differ only in recipe (:func:`proxy.twins.shareable`)
+    and train beside one shared reference run.
 
     ``on_segment(t, runs_so_far)`` is called after every segment with the
     step reached and, per member, a :class:`Run` of its metrics so far
@@ -162,10 +173,22 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
     c0 = group[0].config
     M = len(group)
     key = static_key(c0)
-    program = program_for(key)
     dyns = [dynamic_for(m.config) for m in group]
     sh, padded = _shardings(M, shard and M > 1)
-    if M == 1:  # one member: the single-run program; the member axis lives on the host
+    if twins:  # members differing only in recipe, one reference run: see proxy.twins
+        state, dyn, teacher = _twins.twin_state([m.state for m in group]), dyns[0], group[0].teacher
+        seg2, val2 = _compiled_twins(tuple(static_key(m.config) for m in group))
+
+        def seg(state, dyn, teacher, start, n):
+            new, m = seg2(state, dyn, teacher, start, n=n)
+            return new, jax.device_get(m)
+
+        def val(state, dyn, teacher):
+            return np.asarray(val2(state, dyn, teacher))
+
+        def unstack(tree, i):
+            return _twins.member(tree, i)
+    elif M == 1:  # one member: the single-run program; the member axis lives on the host
         state, dyn, teacher = group[0].state, dyns[0], group[0].teacher
         seg1, val1 = _compiled_single(key)
 
@@ -173,8 +196,8 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
             new, m = seg1(state, dyn, teacher, start, n=n)
             return new, {k: np.asarray(v)[None] for k, v in jax.device_get(m).items()}
 
-        def val(params, dyn, teacher):
-            return np.asarray(val1(params, dyn, teacher))[None]
+        def val(state, dyn, teacher):
+            return np.asarray(val1(state.params, dyn, teacher))[None]
 
         def unstack(tree, i):
             return tree
@@ -199,7 +222,10 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
             state = jax.device_put(state, split)
             dyn = Dynamic(*(jax.device_put(v, split if batched[f] else repl) for f, v in zip(Dynamic._fields, dyn)))
             teacher = jax.device_put(teacher, repl if share_teacher else split)
-        seg, val = _compiled(key, dyn_axes, teacher_axis)
+        seg, val_params = _compiled(key, dyn_axes, teacher_axis)
+
+        def val(state, dyn, teacher):
+            return np.asarray(val_params(state.params, dyn, teacher))
 
         def unstack(tree, i):
             return jax.tree.map(lambda a: a[i], tree)
@@ -211,7 +237,7 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
     t = start
     while t < c0.steps and not all(stopped):
         n = segment_length(c0, t)
-        vals = np.asarray(val(state.params, dyn, teacher)) if c0.val_every and t % c0.val_every == 0 else None
+        vals = val(state, dyn, teacher) if c0.val_every and t % c0.val_every == 0 else None
         state, m = seg(state, dyn, teacher, np.int32(t), n=n)
         m = jax.device_get(m)
         active = [i for i in range(M) if not stopped[i]]
@@ -255,16 +281,19 @@ def notify(config: Config):
         h(config)
 
 
-def _prepare_member(config: Config, st: "_store.Store | None", key: str, force: bool) -> Member:
+def _prepare_member(config: Config, st: "_store.Store | None", key: str, force: bool,
+                    at: int | None = None) -> Member:
     """A fresh member of ``config``, resumed from its last checkpoint in the
-    store's training folder when there is one of this code and config."""
+    store's training folder when there is one of this code and config (the
+    last one at or before step ``at`` when given)."""
     state, teacher = init_state(config)
     info = {"key": key}
     if st is None:
         return Member(config, state, teacher, ckpt.CheckpointSink(memory={}), info=info)
     st.prepare(key, fresh=force)
     sink = ckpt.CheckpointSink(st.checkpoint_dir(key))
-    done = [s for s in sink.steps() if s <= config.steps and sink.meta(s).get("config_hash") == config.hash()]
+    done = [s for s in sink.steps() if s <= (config.steps if at is None else at)
+            and sink.meta(s).get("config_hash") == config.hash()]
     frames = []
     if done:
         state, past = sink.restore(done[-1], ckpt.template(program_for(config), dynamic_for(config)))
@@ -320,7 +349,10 @@ def sweep(config: Config, *, store=None, force: bool = False, progress: bool = T
     Members that differ only in dynamic fields (``lr``, ``lr_min``, ``noise``,
     ``spike_factor``, ``seed``, ``data_seed``, ``teacher_seed``, the reference
     seeds) run as one vmapped, compiled program; other axes loop over such
-    groups. With a ``store``, members already there are loaded (a damaged,
+    groups. Paired members (``paired_run=True``) that differ only in
+    ``recipe`` train as one program beside one shared reference run
+    (:mod:`proxy.twins`): k recipes cost 1 + k runs, not 2k, with the same
+    results bit for bit. With a ``store``, members already there are loaded (a damaged,
     edited or stale member alone is retrained) and each finished group is
     saved before the next starts. ``shard``: split the member axis over all
     JAX devices when there are several. ``group_size`` caps members per
@@ -346,23 +378,32 @@ def sweep(config: Config, *, store=None, force: bool = False, progress: bool = T
             if r is not None:
                 results[k] = r
     todo = {k: c for k, c in zip(keys, configs) if k not in results}
+    twin_sets: dict = {}  # paired members that differ only in recipe share one reference run
+    for k, c in todo.items():
+        twin_sets.setdefault(c.replace(recipe="fp32"), []).append(k)
+    twin_chunks = [ks for ks in twin_sets.values() if _twins.shareable([todo[k] for k in ks])]
+    shared = {k for ks in twin_chunks for k in ks}
     groups: dict = {}
     for k, c in todo.items():
-        groups.setdefault(_group_key(c), []).append(k)
-    chunks = []
+        if k not in shared:
+            groups.setdefault(_group_key(c), []).append(k)
+    chunks = [(ks, True) for ks in twin_chunks]
     for ks in groups.values():
         size = group_size or len(ks)
-        chunks += [ks[i:i + size] for i in range(0, len(ks), size)]
+        chunks += [(ks[i:i + size], False) for i in range(0, len(ks), size)]
     total = sum(c.steps for c in todo.values())
     with tqdm(total=total, disable=not progress or not total, desc=f"sweep ({len(todo)} to train)", unit="step",
               leave=False) as bar:
-        for ks in chunks:
+        for ks, twins in chunks:
             group = [_prepare_member(todo[k], st, k, force) for k in ks]
-            if len({m.start for m in group}) > 1:  # resumed from different checkpoints: restart them together
-                group = [_prepare_member(todo[k], st, k, True) for k in ks]
-            runs = run_members(group, group[0].start, bar=bar, shard=shard)
+            if len({m.start for m in group}) > 1:  # resumed from different checkpoints: from the earliest
+                at = min(m.start for m in group)
+                group = [_prepare_member(todo[k], st, k, force or at == 0, at=at) for k in ks]
+            runs = run_members(group, group[0].start, bar=bar, shard=shard, twins=twins)
             for k, run in zip(ks, runs):
                 notify(run.config)
                 run.info["sweep_group_size"] = len(ks)
+                if twins:
+                    run.info["shared_reference"] = len(ks)
                 results[k] = st.save(run, k) if st is not None else run
     return Sweep(config, axes, configs, [results[k] for k in keys])

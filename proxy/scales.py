@@ -206,7 +206,7 @@ _SMOKE = Scale(
     stress={"lr": 0.1},
     stress_seeds=(0,),
     campaign=Campaign(grid_widths=(32,), grid_lrs=(3e-3, 1e-2), grid_recipes=("fp32", "paper_e4m3"), grid_steps=40,
-                      grid_diagnostics_every=20, paired_recipes=("paper_e4m3",), paired_widths=(32,),
+                      grid_diagnostics_every=20, paired_recipes=("paper_e4m3", "mxfp8_e4m3"), paired_widths=(32,),
                       paired_lrs=(3e-3,), paired_steps=60, intervention_steps=(30,),
                       interventions=("fp32", "paper_no_ln_quant", "paper_bump"), controls=(("fp32", "fp32", 1),)),
     stress_note="CI only: a 33x higher LR (the resmlp runs end 3-11x above their base loss, no 100x spike); "

@@ -1,5 +1,6 @@
 """``proxy campaign`` at smoke size: every kind of run, exported and read back, and its figures."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -22,9 +23,13 @@ def test_plan_lists_the_grid_the_paired_runs_and_the_controls():
     assert len(grid) == 2 * 4 * 4  # widths x recipes x LRs (Fig. 2)
     assert {e.config.recipe.name for e in grid} == {"fp32", "paper_mix", "paper_fp6", "paper_e4m3"}
     assert all(e.config.batch == 2048 and e.config.depth == 4 and e.config.steps == 7000 for e in grid)
-    (paired,) = [e for e in entries if e.kind == "paired"]
-    assert paired.config.width == 512 and paired.config.steps == 9000 and paired.config.paired_run
-    assert paired.config.checkpoint_at == (4500, 5080) and paired.config.lr == 6e-4
+    paired = [e for e in entries if e.kind == "paired"]
+    assert [e.config.recipe.name for e in paired] == ["paper_e4m3", "mxfp8_e4m3"]
+    for e in paired:
+        c = e.config
+        assert c.width == 512 and c.steps == 9000 and c.paired_run and c.lr == 6e-4 and c.dot == "bf16"
+        assert c.checkpoint_at == (4500, 4700, 4900, 5080, 5200) and c.checkpoint_every == 500
+        assert c.diagnostics_every <= 50
     controls = {e.label for e in entries if e.kind == "control"}
     assert "control-w512-fp32-vs-fp32-seed+1-s0" in controls and "control-w512-bf16-vs-fp32-s0" in controls
     assert len({e.label for e in entries}) == len(entries)
@@ -51,12 +56,37 @@ def test_smoke_campaign_exports_every_kind_and_loads_back(smoke):
         assert cfg["width"] == r.config.width
     children = [r for r in runs if r.info["kind"] == "intervention"]
     assert {r.info["intervention"]["apply"][0] for r in children} == {"fp32", "paper_no_ln_quant", "paper_bump"}
+    (parent,) = [r for r in paired if r.config.recipe.name == scales.get("smoke").campaign.paired_recipes[0]]
     for c in children:  # a child shares its parent's metrics before the intervention step
         at = c.info["intervention"]["at_step"]
         before = c.metrics[c.metrics.step < at]
-        pd.testing.assert_frame_equal(before[["step", "loss"]], paired[0].metrics[paired[0].metrics.step < at][
+        pd.testing.assert_frame_equal(before[["step", "loss"]], parent.metrics[parent.metrics.step < at][
             ["step", "loss"]].reset_index(drop=True))
     assert pd.read_csv(out / "results" / "index.csv").shape[0] == len(index)
+
+
+def test_paired_recipes_share_one_fp32_run(smoke):
+    out, _ = smoke
+    paired = [r for r in campaign.load_results(out / "results", ("paired",))]
+    assert sorted(r.config.recipe.name for r in paired) == ["mxfp8_e4m3", "paper_e4m3"]
+    np.testing.assert_array_equal(paired[0].metrics["ref_loss"].values, paired[1].metrics["ref_loss"].values)
+    assert paired[0].metrics["zeta_paper"].notna().all()  # the paper's zeta every step
+
+
+def test_interventions_after_divergence_skip_a_stable_parent(smoke):
+    out, _ = smoke
+    s = scales.get("smoke")
+    s = dataclasses.replace(s, campaign=dataclasses.replace(s.campaign, interventions_after_divergence=True))
+    lines = []
+    campaign.run(s, out, kinds=("paired", "intervention"), progress=False, log=lines.append)
+    assert sum("no interventions needed" in line for line in lines) == 2
+
+
+def test_seconds_per_step_times_a_twin_group():
+    c = scales.get("smoke").config.replace(paired_run=True, steps=20)
+    one = campaign.seconds_per_step([c.replace(recipe="mxfp8_e4m3")])
+    both = campaign.seconds_per_step([c.replace(recipe="mxfp8_e4m3"), c.replace(recipe="paper_e4m3")])
+    assert 0 < one and 0 < both
 
 
 def test_a_second_campaign_call_loads_everything(smoke):
