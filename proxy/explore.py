@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import time
 from typing import Callable, Iterable
 
@@ -340,7 +341,10 @@ class Explorer:
             m = r.metrics
             zeta = m["zeta_bound"].median() if "zeta_bound" in m else float("nan")
             fate = f"diverged at {r.diverged_at}" if r.diverged_at is not None else "stable"
-            where = f" — {r.path}" if r.path else ""
+            # the store as it was given (e.g. "../runs"), not this machine's absolute path: the line is saved
+            # with a notebook's widget state
+            where = (f" — {os.path.join(os.fspath(self.store), os.path.basename(os.fspath(r.path)))}"
+                     if r.path and self.store is not None else f" — {r.path}" if r.path else "")
             rows.append(f"<b>{r.config.recipe.name}</b>: final loss {r.final_loss:.4g}, median ‖ζ‖ bound "
                         f"{zeta:.3g}, {fate}{where}")
         return "<br>".join(rows)
