@@ -20,7 +20,10 @@ unchanged (``tests/test_notebooks.py`` checks the committed files;
 ``scripts/check_notebooks_in_browser.py`` does it in a real JupyterLab).
 Widget state (ipywidgets' saved state, as nbclient records it) is kept, so a
 widget such as notebook 10's panel renders when the notebook is opened
-without running it; its model ids are renumbered deterministically.
+without running it; its model ids are renumbered deterministically. After
+rerunning notebook 10, refresh the picture of its panel (what a reader sees
+before running it): ``python scripts/check_notebooks_in_browser.py 10
+--panel-picture`` (docs/notebooks.md).
 """
 
 from __future__ import annotations
