@@ -12,6 +12,8 @@ or headless, the same as pressing Train::
     panel.controls["norm"].value = "rmsnorm"
     runs = panel.train()          # [fp32, mxfp8_e4m3, mxfp6_e2m3] Runs; also panel.runs
     panel.snapshot()              # the live figure as a static PNG (for a saved notebook)
+    panel.table()                 # one row per run of the latest training (pressing Train updates it)
+    panel.conclusions()           # the same as Markdown sentences
 
 The controls are the recipes (several may be chosen; FP32 is always trained
 first, with the same seeds and therefore the same initial weights, batches
@@ -22,7 +24,10 @@ trains, the figure (training loss, ‖ζ‖ bound, cosine between the MX and the
 FP32 gradient at the same weights, fraction of LN gains the MX scale clamps)
 and a progress bar update after every segment of the host loop (every
 ``val_every`` steps). Results land in ``store`` when one is given (a config
-already there is loaded, not retrained) and are kept in ``panel.runs``.
+already there is loaded, not retrained) and are kept in ``panel.runs``;
+:meth:`Explorer.table` and :meth:`Explorer.conclusions` read ``panel.runs``
+when they are called, so a results cell rerun after pressing Train shows the
+latest training.
 
 Training goes through :func:`train_live`, the one place this module meets
 the runner.
@@ -32,9 +37,11 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import time
 from typing import Callable, Iterable
 
+import pandas as pd
 from matplotlib.figure import Figure
 
 from proxy import plots, scales
@@ -50,6 +57,10 @@ __all__ = ["explore", "Explorer", "train_live", "base_config", "PANELS", "CONTRO
 # (metrics column, axis label, y scale): the figure's panels, in order
 PANELS = (("loss", "training loss", "log"), ("zeta_bound", "‖ζ‖ bound (vs FP32 at the same weights)", "linear"),
           ("cosine", "cosine(g_MX, g_FP32)", "linear"), ("ln_clamp_frac", "LN gains clamped (fraction)", "linear"))
+# the columns of Explorer.table, after the recipe (its index)
+TABLE_COLUMNS = ("final_loss", "vs_fp32", "zeta_median", "cosine_min", "ln_clamp_max", "diverged_at")
+# what the panel shows where its widget cannot render (a saved notebook on a viewer without widgets)
+TEXT_REPR = "proxy.explore() panel (a widget: run the notebook's cells in Jupyter to use it)"
 # the panel's controls, each a Config field except "recipes"
 CONTROLS = ("recipes", "act", "norm", "width", "depth", "lr", "steps", "seed", "diagnostics_every")
 REFERENCE = "fp32"
@@ -208,7 +219,12 @@ class Explorer:
 
     # -- display -------------------------------------------------------------
     def _repr_mimebundle_(self, **kwargs):
-        return self.widget._repr_mimebundle_(**kwargs)
+        """The widget's bundle, with a one-line note instead of the widget's
+        ``VBox(children=...)`` text for viewers that cannot render widgets."""
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        if bundle and "text/plain" in bundle:
+            bundle["text/plain"] = TEXT_REPR
+        return bundle
 
     def png(self) -> bytes:
         """The current figure as PNG bytes."""
@@ -325,10 +341,54 @@ class Explorer:
             m = r.metrics
             zeta = m["zeta_bound"].median() if "zeta_bound" in m else float("nan")
             fate = f"diverged at {r.diverged_at}" if r.diverged_at is not None else "stable"
-            where = f" — {r.path}" if r.path else ""
+            # the store as it was given (e.g. "../runs"), not this machine's absolute path: the line is saved
+            # with a notebook's widget state
+            where = (f" — {os.path.join(os.fspath(self.store), os.path.basename(os.fspath(r.path)))}"
+                     if r.path and self.store is not None else f" — {r.path}" if r.path else "")
             rows.append(f"<b>{r.config.recipe.name}</b>: final loss {r.final_loss:.4g}, median ‖ζ‖ bound "
                         f"{zeta:.3g}, {fate}{where}")
         return "<br>".join(rows)
+
+    # -- results -------------------------------------------------------------
+    def table(self) -> pd.DataFrame:
+        """One row per run of the latest training (:attr:`runs`, read now:
+        after another press of Train it describes the new runs), indexed by
+        recipe, FP32 first: final loss, its ratio to FP32's, median ‖ζ‖
+        bound, minimum cosine, maximum LN clamp fraction (NaN where a metric
+        was not measured, e.g. no LN gains), first diverged step (NaN if
+        stable). Empty (with these columns) before the first training."""
+        runs = list(self.runs)
+        ref = next((r for r in runs if r.config.recipe.name == REFERENCE), None)
+
+        def stat(m, col, how) -> float:
+            return float(getattr(m[col].dropna(), how)()) if col in m and m[col].notna().any() else float("nan")
+
+        rows = []
+        for r in runs:
+            m = r.metrics
+            rows.append(dict(recipe=r.config.recipe.name, final_loss=r.final_loss,
+                             vs_fp32=r.final_loss / ref.final_loss if ref is not None else float("nan"),
+                             zeta_median=stat(m, "zeta_bound", "median"), cosine_min=stat(m, "cosine", "min"),
+                             ln_clamp_max=stat(m, "ln_clamp_frac", "max"),
+                             diverged_at=float("nan") if r.diverged_at is None else float(r.diverged_at)))
+        return pd.DataFrame(rows, columns=("recipe",) + TABLE_COLUMNS).set_index("recipe")
+
+    def conclusions(self) -> str:
+        """Markdown: the settings of the latest training (:attr:`runs`, read
+        now) and one sentence per MX run, computed from :meth:`table`."""
+        if not self.runs:
+            return "Nothing trained yet: press **Train** (or call `panel.train()`), then rerun this cell."
+        table = self.table()
+        c = self.runs[0].config
+        lines = [f"Width {c.width}, depth {c.depth}, activation {c.act}, norm {c.norm}, LR {c.lr:g}, seed {c.seed}, "
+                 f"{c.steps} steps:"]
+        for name, t in table.drop(index=REFERENCE, errors="ignore").iterrows():
+            fate = f"diverged at step {t.diverged_at:.0f}" if pd.notna(t.diverged_at) else "stayed stable"
+            clamp = ("no LN gains to clamp" if pd.isna(t.ln_clamp_max)
+                     else f"at most {100 * t.ln_clamp_max:.0f}% of the LN gains clamped")
+            lines.append(f"- **{name}** {fate}; its final loss is {t.vs_fp32:.3g}× FP32's, its median ‖ζ‖ bound "
+                         f"{t.zeta_median:.3g} (minimum cosine {t.cosine_min:.3g}), {clamp}.")
+        return "\n".join(lines)
 
     def _on_click(self, _button) -> None:
         """The Train button: like :meth:`train`, but a rejected value is shown in the status line."""

@@ -11,13 +11,28 @@ already trained. ``--scale`` / ``--store`` override the parameters cell (as
 papermill would). Outputs are kept; metadata is normalized (no execution
 timestamps, cells numbered from 1) so that a rerun changes only what the runs
 changed.
+
+The metadata is what JupyterLab itself writes when it saves a notebook (the
+kernelspec's name, display name and language from the kernel's own spec,
+``language_info`` from the kernel's info reply, nbformat 4.5 with cell ids),
+so that opening and saving a committed notebook in JupyterLab leaves it
+unchanged (``tests/test_notebooks.py`` checks the committed files;
+``scripts/check_notebooks_in_browser.py`` does it in a real JupyterLab).
+Widget state (ipywidgets' saved state, as nbclient records it) is kept, so a
+widget such as notebook 10's panel renders when the notebook is opened
+without running it; its model ids are renumbered deterministically. After
+rerunning notebook 10, refresh the picture of its panel (what a reader sees
+before running it): ``python scripts/check_notebooks_in_browser.py 10
+--panel-picture`` (docs/notebooks.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import nbformat
@@ -27,13 +42,49 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 
 
-def normalize(nb) -> None:
-    """Drop volatile metadata: execution timestamps, widget state; renumber cells."""
-    nb.metadata.pop("widgets", None)
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+NBFORMAT_MINOR = 5  # what JupyterLab 4 writes (it raises older minor versions to 5 and adds cell ids)
+
+
+def kernelspec(name: str = "python3") -> dict:
+    """The ``kernelspec`` metadata JupyterLab writes for kernel ``name``: its
+    name and the display name and language of its installed spec."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    spec = KernelSpecManager().get_kernel_spec(name)
+    return {"display_name": spec.display_name, "language": spec.language, "name": name}
+
+
+def widget_ids(nb) -> list[str]:
+    """The widget model ids of ``nb``'s saved widget state, in order."""
+    return list(nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {}))
+
+
+def renumber_widgets(nb, stem: str):
+    """``nb`` with its widget model ids (state keys, ``IPY_MODEL_`` references,
+    widget-view outputs) replaced by ids derived from ``stem`` and their
+    order, so that a rerun does not rewrite them all."""
+    ids = widget_ids(nb)
+    if not ids:
+        return nb
+    text = json.dumps(nb)
+    for i, old in enumerate(ids):
+        text = text.replace(old, uuid.uuid5(uuid.NAMESPACE_URL, f"mx-proxy/notebooks/{stem}/widget/{i}").hex)
+    return nbformat.from_dict(json.loads(text))
+
+
+def normalize(nb, stem: str = "notebook", kernel: dict | None = None):
+    """``nb`` normalized as JupyterLab saves it (see the module docstring):
+    no execution timestamps, code cells numbered from 1, cell ids kept
+    (added where missing), kernelspec from the installed kernel spec
+    (``kernel`` overrides it), widget model ids renumbered."""
+    nb.nbformat, nb.nbformat_minor = 4, max(nb.get("nbformat_minor", 0), NBFORMAT_MINOR)
+    nb.metadata["kernelspec"] = kernel or kernelspec(nb.metadata.get("kernelspec", {}).get("name", "python3"))
     n = 0
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
-        cell.pop("id", None)
+        if not cell.get("id"):
+            cell["id"] = uuid.uuid4().hex[:8]
         if cell.cell_type == "code":
             n += 1
             cell.execution_count = n
@@ -41,6 +92,7 @@ def normalize(nb) -> None:
                 if "execution_count" in out:
                     out["execution_count"] = n
                 out.get("metadata", {}).pop("execution", None)
+    return renumber_widgets(nb, stem)
 
 
 def inject(nb, **values) -> None:
@@ -72,8 +124,7 @@ def main(argv=None) -> int:
                        resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
         for cell, src in zip(nb.cells, original):  # keep the committed parameters cell as written
             cell.source = src
-        normalize(nb)
-        nbformat.write(nb, path)
+        nbformat.write(normalize(nb, path.stem), path)
         print(f"{path.name}: {time.perf_counter() - t0:.0f} s")
     return 0
 

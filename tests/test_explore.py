@@ -1,5 +1,7 @@
 """The live explorer, driven headless: controls → configs, a live training with FP32 alongside, the store."""
 
+import sys
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -99,3 +101,37 @@ def test_train_button_path_trains_fp32_alongside_live_and_stores(tmp_path):
     assert panel.updates == [("fp32", 20), ("mxfp8_e4m3", 20)]
     for a, b in zip(runs, again):
         pd.testing.assert_frame_equal(a.metrics, b.metrics)
+
+
+def test_results_follow_the_latest_press_of_train(monkeypatch):
+    """Pressing Train twice with other settings: table() and conclusions() describe panel.runs of the second
+    press (the notebook's results cell calls them). Training is replaced by a fake that makes a run from its
+    config, so this checks the button → runs → results path, not the engine."""
+    def fake_train_live(config, store, on_update):
+        steps = np.arange(config.steps)
+        loss = (1.0 + config.seed) / (1.0 + steps) * (1.1 if config.recipe.name != "fp32" else 1.0)
+        zeta = np.where(steps % config.diagnostics_every == 0, 0.1 * (1 + config.seed), np.nan)
+        m = pd.DataFrame({"step": steps, "loss": loss, "zeta_bound": zeta, "cosine": 1 - zeta,
+                          "ln_clamp_frac": np.full(config.steps, 0.25)})
+        run = Run(config, m, None)
+        on_update(config.steps, run)
+        return run
+
+    monkeypatch.setattr(sys.modules["proxy.explore"], "train_live", fake_train_live)  # the module, not proxy.explore()
+    panel = proxy.explore(**SMALL)
+    assert panel.table().empty and "Nothing trained yet" in panel.conclusions()
+    assert panel._repr_mimebundle_()["text/plain"].startswith("proxy.explore() panel")  # not VBox(children=...)
+
+    seen = []
+    for seed, steps in ((0, 20), (1, 30)):
+        panel.controls["seed"].value, panel.controls["steps"].value = seed, steps
+        panel.button.click()  # what pressing Train does
+        table, text = panel.table(), panel.conclusions()
+        assert [r.config.seed for r in panel.runs] == [seed, seed] and len(panel.runs[0].metrics) == steps
+        assert list(table.index) == ["fp32", "mxfp8_e4m3"]
+        np.testing.assert_allclose(table["final_loss"], [r.final_loss for r in panel.runs])
+        np.testing.assert_allclose(table["vs_fp32"], [1.0, 1.1])
+        assert table.loc["mxfp8_e4m3", "zeta_median"] == pytest.approx(0.1 * (1 + seed))
+        assert f"seed {seed}, {steps} steps:" in text and "**mxfp8_e4m3** stayed stable" in text
+        seen.append((table, text))
+    assert not seen[0][0].equals(seen[1][0]) and seen[0][1] != seen[1][1]

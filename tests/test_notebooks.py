@@ -1,14 +1,21 @@
 """Every notebook runs top to bottom at the smoke scale in a real Jupyter kernel, with the kernel's own
-(inline) matplotlib backend, and shows its figures as ``image/png`` outputs."""
+(inline) matplotlib backend, and shows its figures as ``image/png`` outputs; notebook 10's results follow
+its panel's Train button; every committed notebook is saved as JupyterLab saves it (so that opening and
+saving one leaves it unchanged), and notebook 10 carries its panel's widget state."""
 
 import ast
+import base64
+import json
 import pathlib
+import re
+import sys
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
 from proxy import plots
+from proxy.explore import TEXT_REPR
 
 NOTEBOOKS = sorted(pathlib.Path(__file__).resolve().parent.parent.joinpath("notebooks").glob("[0-9][0-9]_*.ipynb"))
 
@@ -62,16 +69,18 @@ def _images(cell) -> int:
     return sum("image/png" in o.get("data", {}) for o in cell.get("outputs", []))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_at_smoke_scale_and_shows_its_figures(path, tmp_path, tmp_path_factory, monkeypatch):
+def _smoke_client(path, tmp_path, tmp_path_factory, monkeypatch):
+    """(notebook, client): ``path`` with its parameters set to the smoke scale and a tmp store, and an
+    nbclient client for it."""
     # kernels share one compilation cache: the notebooks compile many of the same programs
     monkeypatch.setenv("PROXY_COMPILE_CACHE", str(tmp_path_factory.getbasetemp() / "jax-cache"))
     monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel must pick its own inline backend
     nb = inject_parameters(nbformat.read(path, as_version=4), SCALE="smoke", STORE=str(tmp_path / "runs"),
                            RESULTS=str(path.parent.parent / "results"))
-    client = NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
-    client.execute()
+    return nb, NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+
+
+def _assert_ran_and_shows_its_figures(nb):
     code = [c for c in nb.cells if c.cell_type == "code"]
     errors = [o for c in code for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
@@ -79,6 +88,57 @@ def test_notebook_runs_at_smoke_scale_and_shows_its_figures(path, tmp_path, tmp_
                if _images(c) < plot_calls(c.source)]
     assert not missing, f"code cells (index, first line, images, plot calls) showing too few figures: {missing}"
     assert sum(_images(c) for c in code) >= 1, "the notebook shows no figure"
+
+
+EXPLORE = NOTEBOOKS[0].parent / "10_explore.ipynb"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p != EXPLORE], ids=lambda p: p.stem)
+def test_notebook_runs_at_smoke_scale_and_shows_its_figures(path, tmp_path, tmp_path_factory, monkeypatch):
+    nb, client = _smoke_client(path, tmp_path, tmp_path_factory, monkeypatch)
+    client.execute()
+    _assert_ran_and_shows_its_figures(nb)
+
+
+def _results_cell(nb) -> int:
+    (i,) = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "panel.table()" in c.source]
+    return i
+
+
+def _output(cell, mime: str) -> str:
+    (text,) = [o["data"][mime] for o in cell.outputs if mime in o.get("data", {})]
+    return text
+
+
+@pytest.mark.slow
+def test_notebook_10_runs_and_its_results_follow_the_train_button(tmp_path, tmp_path_factory, monkeypatch):
+    """Notebook 10 top to bottom at the smoke scale (as the other notebooks), then, in the same kernel, Train
+    pressed with another seed and step count and the results cell rerun: it shows the new runs (panel.runs)."""
+    nb, client = _smoke_client(EXPLORE, tmp_path, tmp_path_factory, monkeypatch)
+    results = _results_cell(nb)
+    with client.setup_kernel():
+        for i, cell in enumerate(nb.cells):
+            client.execute_cell(cell, i)
+        _assert_ran_and_shows_its_figures(nb)
+        first = (_output(nb.cells[results], "text/html"), _output(nb.cells[results], "text/markdown"))
+        press = nbformat.v4.new_code_cell('panel.controls["seed"].value = 1\n'
+                                          'panel.controls["steps"].value = 60\n'
+                                          'panel.button.click()  # pressing Train')
+        probe = nbformat.v4.new_code_cell("import json\nprint(json.dumps(dict(html=panel.table()._repr_html_(), "
+                                          "markdown=panel.conclusions(), status=panel.status.value, "
+                                          "runs=[(r.config.seed, len(r.metrics)) for r in panel.runs])))")
+        nb.cells += [press, probe]
+        client.execute_cell(press, len(nb.cells) - 2)
+        client.execute_cell(nb.cells[results], results)  # the reader reruns the results cell
+        client.execute_cell(probe, len(nb.cells) - 1)
+    assert not [o for c in (press, probe, nb.cells[results]) for o in c.outputs if o.output_type == "error"]
+    latest = json.loads("".join(o["text"] for o in probe.outputs if o.output_type == "stream"))
+    assert latest["runs"] == [[1, 60], [1, 60]], latest["status"]  # FP32 and the MX recipe, seed 1, 60 steps
+    second = (_output(nb.cells[results], "text/html"), _output(nb.cells[results], "text/markdown"))
+    assert second == (latest["html"], latest["markdown"])  # the results cell shows panel.runs
+    assert "seed 0, 100 steps:" in first[1] and "seed 1, 60 steps:" in second[1]
+    assert first[0] != second[0]
 
 
 def test_every_notebook_has_one_parameters_cell_and_a_conclusion():
@@ -93,11 +153,138 @@ def test_every_notebook_has_one_parameters_cell_and_a_conclusion():
 
 
 def test_notebook_10_builds_and_drives_the_explorer():
-    path = NOTEBOOKS[0].parent / "10_explore.ipynb"
-    assert path in NOTEBOOKS  # so the smoke-scale test above executes it
-    code = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
-    for call in ("proxy.explore(", "panel.train()", "panel.snapshot()", "store=STORE"):
+    assert EXPLORE in NOTEBOOKS  # so the smoke-scale test above executes it
+    nb = nbformat.read(EXPLORE, as_version=4)
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    for call in ("proxy.explore(", "panel.train()", "panel.snapshot()", "store=STORE", "panel.table()",
+                 "panel.conclusions()"):
         assert call in code, call
+    # the results cell reads the panel, not a variable an earlier cell set
+    names = {n.id for n in ast.walk(ast.parse(nb.cells[_results_cell(nb)].source)) if isinstance(n, ast.Name)}
+    assert names <= {"display", "Markdown", "panel"}, names
+
+
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def test_notebook_10_as_committed_shows_its_panel():
+    """The committed panel renders without a kernel (saved widget state: its controls and, in its Output
+    widget, the last figure), and where widgets cannot render it reads as a one-line note, not ``VBox(...)``."""
+    nb = json.loads(EXPLORE.read_text(encoding="utf-8"))
+    state = nb["metadata"]["widgets"][WIDGET_STATE]
+    models = state["state"]
+    assert state["version_major"] == 2
+    views = [o["data"] for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"]
+             if WIDGET_VIEW in o.get("data", {})]
+    assert len(views) == 1, "one panel"
+    (view,) = views
+    assert "".join(view["text/plain"]) == TEXT_REPR and "VBox(" not in json.dumps(views)
+    panel = models[view[WIDGET_VIEW]["model_id"]]
+    assert panel["model_name"] == "VBoxModel"
+
+    def tree(model_id):  # the models a view of model_id shows
+        yield models[model_id]
+        for ref in models[model_id]["state"].get("children", []):
+            yield from tree(ref.removeprefix("IPY_MODEL_"))
+
+    shown = list(tree(view[WIDGET_VIEW]["model_id"]))
+    names = [m["model_name"] for m in shown]
+    assert {"SelectMultipleModel", "DropdownModel", "BoundedIntTextModel", "FloatTextModel", "ButtonModel",
+            "IntProgressModel", "HTMLModel", "OutputModel"} <= set(names), names
+    refs = set(re.findall(r"IPY_MODEL_([0-9a-f]{32})", json.dumps(models)))
+    assert refs <= set(models), "every referenced model is saved"
+    (button,) = [m["state"] for m in shown if m["model_name"] == "ButtonModel"]
+    assert button["description"] == "Train" and not button["disabled"]
+    (progress,) = [m["state"] for m in shown if m["model_name"] == "IntProgressModel"]
+    assert progress["value"] == progress["max"] > 1  # saved after the training the notebook ran
+    (output,) = [m["state"] for m in shown if m["model_name"] == "OutputModel"]
+    assert [o["output_type"] for o in output["outputs"]] == ["display_data"]
+    assert "image/png" in output["outputs"][0]["data"]  # the live figure, as the training left it
+    # an untrusted notebook (one just opened) or a viewer without widgets shows no widget: a picture of the panel
+    # (scripts/check_notebooks_in_browser.py --panel-picture) stands under its cell, with a one-line note
+    (i,) = [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and WIDGET_VIEW in json.dumps(c["outputs"])]
+    picture = nb["cells"][i + 1]
+    source = "".join(picture["source"])
+    assert picture["cell_type"] == "markdown" and "](attachment:panel.png)" in source
+    assert "run the cells to use it" in source
+    png = base64.b64decode(picture["attachments"]["panel.png"]["image/png"])
+    assert png.startswith(b"\x89PNG") and len(png) > 20_000
+
+
+def _jupyterlab_metadata() -> dict:
+    """The notebook metadata JupyterLab 4 writes for the python3 kernel: the kernelspec with ipykernel's display
+    name and language, and ipykernel's ``language_info`` (its ``version`` is the kernel's Python's)."""
+    from ipykernel.ipkernel import IPythonKernel
+    from ipykernel.kernelspec import get_kernel_dict
+
+    spec = get_kernel_dict()
+    return {"kernelspec": {"display_name": spec["display_name"], "language": spec["language"], "name": "python3"},
+            "language_info": dict(IPythonKernel.language_info)}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_is_committed_as_jupyterlab_saves_it(path):
+    """What JupyterLab 4.6 writes when a reader opens and saves a notebook (found by doing it:
+    scripts/check_notebooks_in_browser.py): the kernelspec and language_info of the running ipykernel,
+    nbformat 4.5 with an id on every cell, nbformat's own serialization. A committed notebook that
+    differs from it is marked modified on opening and rewritten on saving."""
+    text = path.read_text(encoding="utf-8")
+    nb = json.loads(text)
+    expected = _jupyterlab_metadata()
+    assert (nb["nbformat"], nb["nbformat_minor"]) == (4, 5)
+    assert set(nb["metadata"]) <= {"kernelspec", "language_info", "widgets"}, sorted(nb["metadata"])
+    assert nb["metadata"]["kernelspec"] == expected["kernelspec"]
+    info = dict(nb["metadata"]["language_info"])
+    version = info.pop("version")
+    assert re.fullmatch(r"3\.\d+\.\d+", version), version
+    assert info == {k: v for k, v in expected["language_info"].items() if k != "version"}
+    ids = [c.get("id") for c in nb["cells"]]
+    assert all(ids) and len(set(ids)) == len(ids), "every cell has its own id"
+    assert all(re.fullmatch(r"[a-zA-Z0-9-_]{1,64}", i) for i in ids)
+    assert not [c for c in nb["cells"] if "execution" in c.get("metadata", {})], "no execution timestamps"
+    assert text == nbformat.writes(nbformat.reads(text, as_version=nbformat.NO_CONVERT)) + "\n"
+
+
+def test_notebooks_were_executed_by_one_python():
+    """language_info's version is the executing kernel's Python (JupyterLab rewrites it to the reader's):
+    one version across the committed notebooks, so a reader on that Python gets no diff anywhere."""
+    versions = {json.loads(p.read_text(encoding="utf-8"))["metadata"]["language_info"]["version"] for p in NOTEBOOKS}
+    assert len(versions) == 1, versions
+
+
+def test_normalize_writes_the_jupyterlab_metadata(tmp_path):
+    """scripts/run_notebooks.py's normalize: the installed kernelspec, cell ids kept or added, cells numbered
+    from 1, widget model ids renumbered the same way on every run."""
+    sys.path.insert(0, str(EXPLORE.parent.parent / "scripts"))
+    try:
+        import run_notebooks
+    finally:
+        sys.path.pop(0)
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"display_name": "Python 3", "language": "python",
+                                                           "name": "python3"}})
+    nb.nbformat_minor = 4
+    a, b = "a" * 32, "b" * 32
+    nb.metadata["widgets"] = {WIDGET_STATE: {"state": {a: {"model_name": "LayoutModel", "state": {}},
+                                                       b: {"model_name": "VBoxModel",
+                                                           "state": {"layout": f"IPY_MODEL_{a}"}}},
+                                             "version_major": 2, "version_minor": 0}}
+    cell = nbformat.v4.new_code_cell("panel", execution_count=7, outputs=[nbformat.v4.new_output(
+        "execute_result", {WIDGET_VIEW: {"model_id": b, "version_major": 2, "version_minor": 0}, "text/plain": "x"},
+        execution_count=7)])
+    del cell["id"]
+    nb.cells = [nbformat.v4.new_markdown_cell("# t"), cell]
+    out = run_notebooks.normalize(nb, "t", kernel=_jupyterlab_metadata()["kernelspec"])
+    assert out.metadata.kernelspec == _jupyterlab_metadata()["kernelspec"] and out.nbformat_minor == 5
+    assert all(c.get("id") for c in out.cells)
+    assert out.cells[1].execution_count == out.cells[1].outputs[0].execution_count == 1
+    new_a, new_b = run_notebooks.widget_ids(out)
+    assert {new_a, new_b}.isdisjoint({a, b})
+    assert out.metadata.widgets[WIDGET_STATE]["state"][new_b]["state"]["layout"] == f"IPY_MODEL_{new_a}"
+    assert out.cells[1].outputs[0].data[WIDGET_VIEW]["model_id"] == new_b
+    again = run_notebooks.normalize(nbformat.from_dict(json.loads(json.dumps(out))), "t",
+                                    kernel=_jupyterlab_metadata()["kernelspec"])
+    assert run_notebooks.widget_ids(again) == [new_a, new_b]  # stable: a rerun does not rewrite the ids
 
 
 def test_notebook_09_compares_seed_003s_systems():
