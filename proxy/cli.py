@@ -9,15 +9,21 @@ import os
 import sys
 import typing
 
-from proxy import architectures, blocks, campaign, config, layers, model, recipe, runner, scales
-from proxy.bench import BENCHMARKS
+from proxy import campaign, runner, scales
+from proxy.bench import BENCHMARKS, describe
+from proxy.cli_help import CHOICES, PlainFormatter, cli_message, config_help, flag, plain
 from proxy.config import Config
 from proxy.experiments_cli import add_experiment_commands, add_store_options, parse_bool, store_arg
 from proxy.figures import FIGURES, campaign_figures, generate
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse exits with status 2 on bad input and names the valid choices."""
+    """argparse exits with status 2 on bad input and names the valid choices;
+    help texts are plain terminal text (:class:`proxy.cli_help.PlainFormatter`)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", PlainFormatter)
+        super().__init__(*args, **kwargs)
 
 
 def _bench(args) -> int:
@@ -28,34 +34,39 @@ def _bench(args) -> int:
     return int(module.main(args.rest) or 0)
 
 
-_CHOICES = {  # fields whose valid values argparse should list
-    "act": layers.ACTIVATIONS, "teacher_act": layers.ACTIVATIONS, "norm": model.NORMS, "init": blocks.INITS,
-    "arch": architectures.ARCHS, "optimizer": config.OPTIMIZERS, "schedule": config.SCHEDULES,
-    "gradient_reference": config.GRADIENT_REFERENCES, "recipe": tuple(recipe.PRESETS),
-    "reference_recipe": tuple(recipe.PRESETS),
-}
-
-
-
 def add_config_arguments(parser: argparse.ArgumentParser, *, nargs: str | None = None) -> None:
     """One ``--field-name`` option per :class:`proxy.Config` field, typed from
-    its default (``nargs="+"`` turns each into a list, for sweeps)."""
+    its default (``nargs="+"`` turns each into a list, for sweeps), with its
+    line of :data:`proxy.config.FIELD_DOCS`, accepted values and default."""
     hints = typing.get_type_hints(Config)
     for f in dataclasses.fields(Config):
         default = f.default
         hint = hints[f.name]
-        if f.name in _CHOICES:
-            kind, choices = str, _CHOICES[f.name]
+        if f.name in CHOICES:
+            kind, metavar = _choice(f.name), "NAME"
         else:
-            choices = None
             kind = type(default) if default is not None else (int if "int" in str(hint) else str)
             if kind is tuple:
                 kind = int
             if kind is bool:
                 kind = parse_bool
-        parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, choices=choices,
-                            nargs=nargs or ("*" if isinstance(default, tuple) else None), default=None,
-                            help=f"default: {default!r}")
+            metavar = {bool: "BOOL", int: "N", float: "X"}.get(type(default) if default is not None else kind, "TEXT")
+            metavar = {"controller": "SPEC", "checkpoint_at": "STEP"}.get(f.name, metavar)
+        parser.add_argument(flag(f.name), dest=f.name, type=kind, metavar=metavar,
+                            nargs=nargs or ("+" if isinstance(default, tuple) else None), default=None,
+                            help=config_help(f.name, multi=nargs is not None))
+
+
+def _choice(name: str):
+    valid = CHOICES[name]
+
+    def parse(text: str) -> str:
+        if text not in valid:
+            raise argparse.ArgumentTypeError(f"invalid choice: {text!r}; valid: {', '.join(valid)}")
+        return text
+
+    parse.__name__ = name
+    return parse
 
 
 def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace, base=None):
@@ -66,7 +77,7 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace, 
     try:
         return (base or Config()).replace(**changes)
     except ValueError as err:
-        parser.error(str(err))
+        parser.error(cli_message(str(err)))
 
 
 def _train(args) -> int:
@@ -82,7 +93,7 @@ def _figures(args) -> int:
         store = store_arg(args)
         generate(args.only, scale=args.scale, out=args.out, store=store or None, results=args.results, pdf=args.pdf)
     except ValueError as err:
-        args.parser.error(str(err))
+        args.parser.error(cli_message(str(err)))
     return 0
 
 
@@ -91,7 +102,7 @@ def _campaign(args) -> int:
         index = campaign.run(args.scale, args.out, kinds=args.only or campaign.KINDS, widths=args.widths,
                              progress=not args.quiet, store=not args.no_store, estimate=args.estimate)
     except ValueError as err:
-        args.parser.error(str(err))
+        args.parser.error(cli_message(str(err)))
     except KeyboardInterrupt:
         print("proxy campaign: interrupted; finished runs are kept in the store and results folder, "
               "and a rerun resumes", file=sys.stderr)
@@ -110,9 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="proxy", description="MX low-precision training workbench")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     add_experiment_commands(sub)
-    bench = sub.add_parser("bench", help="run a benchmark and print measured ratios")
-    bench.add_argument("name", help=f"one of: {', '.join(BENCHMARKS)}")
-    bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
+    listing = "\n".join(f"  {name:<9} {describe(name)}" for name in BENCHMARKS)
+    bench = sub.add_parser("bench", help="run a benchmark and print measured ratios",
+                           description="Run one benchmark; it measures everything it reports in this run and prints "
+                                       "ratios (no benchmark asserts a time). docs/benchmarks.md has what each "
+                                       f"measured here. `proxy bench NAME --help` shows its options.\n\n"
+                                       f"benchmarks:\n{listing}")
+    bench.add_argument("name", metavar="NAME", help=f"one of: {', '.join(BENCHMARKS)}")
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")
     bench.set_defaults(func=_bench)
 
     train = sub.add_parser("train", help="train one run into the run store (config.json, metrics.parquet, ...)")
