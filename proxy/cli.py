@@ -14,7 +14,7 @@ from proxy.bench import BENCHMARKS, describe
 from proxy.cli_help import CHOICES, PlainFormatter, cli_message, config_help, flag, plain
 from proxy.config import Config
 from proxy.experiments_cli import add_experiment_commands, add_store_options, parse_bool, store_arg
-from proxy.figures import FIGURES, campaign_figures, generate
+from proxy.figures import FIGURE_DOCS, FIGURES, campaign_figures, default_dir, generate
 
 
 class _Parser(argparse.ArgumentParser):
@@ -91,9 +91,13 @@ def _train(args) -> int:
 def _figures(args) -> int:
     try:
         store = store_arg(args)
-        generate(args.only, scale=args.scale, out=args.out, store=store or None, results=args.results, pdf=args.pdf)
+        written = generate(args.only, scale=args.scale, out=args.out, store=store or None, results=args.results,
+                           pdf=args.pdf, jobs=args.jobs, progress=not args.quiet)
     except ValueError as err:
         args.parser.error(cli_message(str(err)))
+    if written:
+        print(f"{len(written)} figure file(s) in {os.path.dirname(written[0])}"
+              + ("" if store is False else f"; run store: {store}"))
     return 0
 
 
@@ -150,14 +154,29 @@ def build_parser() -> argparse.ArgumentParser:
                       help="keep the runs in memory (no OUT/runs: nothing to resume from); results are still written")
     camp.set_defaults(func=_campaign, parser=camp)
 
-    figures = sub.add_parser("figures", help="regenerate the figures (PNG, optionally PDF)")
-    figures.add_argument("--scale", default="quick", choices=scales.names(), help="experiment scale (default: quick)")
-    figures.add_argument("--only", nargs="+", metavar="NAME", help=f"figures to make; valid: {', '.join(FIGURES)}")
-    figures.add_argument("--out", default="figures", help="output folder (default: figures/)")
+    listing = "\n".join(f"  {name:<22} {FIGURE_DOCS[name]}" for name in FIGURES)
+    figures = sub.add_parser(
+        "figures", help="regenerate the figures (PNG, optionally PDF)",
+        description=f"Train (or load) the runs each figure needs and draw it. By default the figures go to "
+                    f"{default_dir('figures')} and the runs to the store {default_dir('runs')}, outside the "
+                    f"checkout; --out figures/ replaces the committed figures. The runs of all the figures asked "
+                    f"for train first, in parallel processes (--jobs).\n\nfigures (--only):\n{listing}")
+    figures.add_argument("--scale", default="quick", choices=scales.names(),
+                         help="experiment scale: smoke (seconds), quick (minutes on 2 cores), medium, paper "
+                              "(default: quick)")
+    figures.add_argument("--only", nargs="+", metavar="NAME", help=f"figures to make (default: all); valid: "
+                                                                    f"{', '.join(FIGURES)}")
+    figures.add_argument("--out", default=None, metavar="DIR",
+                         help=f"output folder (default: {default_dir('figures')}; figures/ replaces the committed "
+                              f"ones)")
     figures.add_argument("--pdf", action="store_true", help="also write PDF")
-    figures.add_argument("--results", default="results",
+    figures.add_argument("--results", default="results", metavar="DIR",
                          help="campaign results root for the headline_* figures (default: results/)")
-    add_store_options(figures, train=False)
+    figures.add_argument("--jobs", type=int, default=None, metavar="N",
+                         help="processes that train the runs in parallel (default: one per core, at most 4; "
+                              "1: everything in this process)")
+    figures.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_store_options(figures, train=False, default=str(default_dir("runs")))
     figures.set_defaults(func=_figures, parser=figures)
     return parser
 
