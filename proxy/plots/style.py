@@ -157,6 +157,6 @@ def finish(fig, title: str | None = None, legend_axes=(), ncol: int = 3, fontsiz
         fig.legend(handles, labels, loc="lower center", ncol=min(ncol, len(labels)), fontsize=fontsize,
                    frameon=False)
     if title:
-        fig.suptitle(title, y=1 - 0.08 / h, va="top")
-    fig.tight_layout(rect=(0, legend_h / h, 1, 1 - title_h / h))
+        fig.suptitle(title)
+    fig.tight_layout(rect=(0, legend_h / h, 1, 1))  # tight_layout keeps the suptitle's band clear itself
     return fig
