@@ -9,15 +9,21 @@ import os
 import sys
 import typing
 
-from proxy import architectures, blocks, campaign, config, layers, model, recipe, runner, scales
-from proxy.bench import BENCHMARKS
+from proxy import campaign, runner, scales
+from proxy.bench import BENCHMARKS, describe
+from proxy.cli_help import CHOICES, PlainFormatter, cli_message, config_help, flag, plain
 from proxy.config import Config
 from proxy.experiments_cli import add_experiment_commands, add_store_options, parse_bool, store_arg
-from proxy.figures import FIGURES, campaign_figures, generate
+from proxy.figures import FIGURE_DOCS, FIGURES, campaign_figures, default_dir, generate
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse exits with status 2 on bad input and names the valid choices."""
+    """argparse exits with status 2 on bad input and names the valid choices;
+    help texts are plain terminal text (:class:`proxy.cli_help.PlainFormatter`)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", PlainFormatter)
+        super().__init__(*args, **kwargs)
 
 
 def _bench(args) -> int:
@@ -28,34 +34,39 @@ def _bench(args) -> int:
     return int(module.main(args.rest) or 0)
 
 
-_CHOICES = {  # fields whose valid values argparse should list
-    "act": layers.ACTIVATIONS, "teacher_act": layers.ACTIVATIONS, "norm": model.NORMS, "init": blocks.INITS,
-    "arch": architectures.ARCHS, "optimizer": config.OPTIMIZERS, "schedule": config.SCHEDULES,
-    "gradient_reference": config.GRADIENT_REFERENCES, "recipe": tuple(recipe.PRESETS),
-    "reference_recipe": tuple(recipe.PRESETS), "dot": recipe.DOTS,
-}
-
-
-
 def add_config_arguments(parser: argparse.ArgumentParser, *, nargs: str | None = None) -> None:
     """One ``--field-name`` option per :class:`proxy.Config` field, typed from
-    its default (``nargs="+"`` turns each into a list, for sweeps)."""
+    its default (``nargs="+"`` turns each into a list, for sweeps), with its
+    line of :data:`proxy.config.FIELD_DOCS`, accepted values and default."""
     hints = typing.get_type_hints(Config)
     for f in dataclasses.fields(Config):
         default = f.default
         hint = hints[f.name]
-        if f.name in _CHOICES:
-            kind, choices = str, _CHOICES[f.name]
+        if f.name in CHOICES:
+            kind, metavar = _choice(f.name), "NAME"
         else:
-            choices = None
             kind = type(default) if default is not None else (int if "int" in str(hint) else str)
             if kind is tuple:
                 kind = int
             if kind is bool:
                 kind = parse_bool
-        parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, choices=choices,
-                            nargs=nargs or ("*" if isinstance(default, tuple) else None), default=None,
-                            help=f"default: {default!r}")
+            metavar = {bool: "BOOL", int: "N", float: "X"}.get(type(default) if default is not None else kind, "TEXT")
+            metavar = {"controller": "SPEC", "checkpoint_at": "STEP"}.get(f.name, metavar)
+        parser.add_argument(flag(f.name), dest=f.name, type=kind, metavar=metavar,
+                            nargs=nargs or ("+" if isinstance(default, tuple) else None), default=None,
+                            help=config_help(f.name, multi=nargs is not None))
+
+
+def _choice(name: str):
+    valid = CHOICES[name]
+
+    def parse(text: str) -> str:
+        if text not in valid:
+            raise argparse.ArgumentTypeError(f"invalid choice: {text!r}; valid: {', '.join(valid)}")
+        return text
+
+    parse.__name__ = name
+    return parse
 
 
 def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace, base=None):
@@ -66,7 +77,7 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace, 
     try:
         return (base or Config()).replace(**changes)
     except ValueError as err:
-        parser.error(str(err))
+        parser.error(cli_message(str(err)))
 
 
 def _train(args) -> int:
@@ -80,9 +91,13 @@ def _train(args) -> int:
 def _figures(args) -> int:
     try:
         store = store_arg(args)
-        generate(args.only, scale=args.scale, out=args.out, store=store or None, results=args.results, pdf=args.pdf)
+        written = generate(args.only, scale=args.scale, out=args.out, store=store or None, results=args.results,
+                           pdf=args.pdf, jobs=args.jobs, progress=not args.quiet)
     except ValueError as err:
-        args.parser.error(str(err))
+        args.parser.error(cli_message(str(err)))
+    if written:
+        print(f"{len(written)} figure file(s) in {os.path.dirname(written[0])}"
+              + ("" if store is False else f"; run store: {store}"))
     return 0
 
 
@@ -91,7 +106,7 @@ def _campaign(args) -> int:
         index = campaign.run(args.scale, args.out, kinds=args.only or campaign.KINDS, widths=args.widths,
                              progress=not args.quiet, store=not args.no_store, estimate=args.estimate)
     except ValueError as err:
-        args.parser.error(str(err))
+        args.parser.error(cli_message(str(err)))
     except KeyboardInterrupt:
         print("proxy campaign: interrupted; finished runs are kept in the store and results folder, "
               "and a rerun resumes", file=sys.stderr)
@@ -110,9 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="proxy", description="MX low-precision training workbench")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     add_experiment_commands(sub)
-    bench = sub.add_parser("bench", help="run a benchmark and print measured ratios")
-    bench.add_argument("name", help=f"one of: {', '.join(BENCHMARKS)}")
-    bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
+    listing = "\n".join(f"  {name:<9} {describe(name)}" for name in BENCHMARKS)
+    bench = sub.add_parser("bench", help="run a benchmark and print measured ratios",
+                           description="Run one benchmark; it measures everything it reports in this run and prints "
+                                       "ratios (no benchmark asserts a time). docs/benchmarks.md has what each "
+                                       f"measured here. `proxy bench NAME --help` shows its options.\n\n"
+                                       f"benchmarks:\n{listing}")
+    bench.add_argument("name", metavar="NAME", help=f"one of: {', '.join(BENCHMARKS)}")
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")
     bench.set_defaults(func=_bench)
 
     train = sub.add_parser("train", help="train one run into the run store (config.json, metrics.parquet, ...)")
@@ -134,14 +154,29 @@ def build_parser() -> argparse.ArgumentParser:
                       help="keep the runs in memory (no OUT/runs: nothing to resume from); results are still written")
     camp.set_defaults(func=_campaign, parser=camp)
 
-    figures = sub.add_parser("figures", help="regenerate the figures (PNG, optionally PDF)")
-    figures.add_argument("--scale", default="quick", choices=scales.names(), help="experiment scale (default: quick)")
-    figures.add_argument("--only", nargs="+", metavar="NAME", help=f"figures to make; valid: {', '.join(FIGURES)}")
-    figures.add_argument("--out", default="figures", help="output folder (default: figures/)")
+    listing = "\n".join(f"  {name:<22} {FIGURE_DOCS[name]}" for name in FIGURES)
+    figures = sub.add_parser(
+        "figures", help="regenerate the figures (PNG, optionally PDF)",
+        description=f"Train (or load) the runs each figure needs and draw it. By default the figures go to "
+                    f"{default_dir('figures')} and the runs to the store {default_dir('runs')}, outside the "
+                    f"checkout; --out figures/ replaces the committed figures. The runs of all the figures asked "
+                    f"for train first, in parallel processes (--jobs).\n\nfigures (--only):\n{listing}")
+    figures.add_argument("--scale", default="quick", choices=scales.names(),
+                         help="experiment scale: smoke (seconds), quick (minutes on 2 cores), medium, paper "
+                              "(default: quick)")
+    figures.add_argument("--only", nargs="+", metavar="NAME", help=f"figures to make (default: all); valid: "
+                                                                    f"{', '.join(FIGURES)}")
+    figures.add_argument("--out", default=None, metavar="DIR",
+                         help=f"output folder (default: {default_dir('figures')}; figures/ replaces the committed "
+                              f"ones)")
     figures.add_argument("--pdf", action="store_true", help="also write PDF")
-    figures.add_argument("--results", default="results",
+    figures.add_argument("--results", default="results", metavar="DIR",
                          help="campaign results root for the headline_* figures (default: results/)")
-    add_store_options(figures, train=False)
+    figures.add_argument("--jobs", type=int, default=None, metavar="N",
+                         help="processes that train the runs in parallel (default: one per core, at most 4; "
+                              "1: everything in this process)")
+    figures.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_store_options(figures, train=False, default=str(default_dir("runs")))
     figures.set_defaults(func=_figures, parser=figures)
     return parser
 

@@ -20,7 +20,7 @@ from proxy.model import NORMS
 from proxy.quantize import MXSpec
 from proxy.recipe import Recipe
 
-__all__ = ["Config", "OPTIMIZERS", "SCHEDULES", "GRADIENT_REFERENCES", "SCHEMA", "SEED_LIMIT"]
+__all__ = ["Config", "FIELD_DOCS", "OPTIMIZERS", "SCHEDULES", "GRADIENT_REFERENCES", "SCHEMA", "SEED_LIMIT"]
 
 OPTIMIZERS = ("adam", "sgd")
 SCHEDULES = ("constant", "cosine")
@@ -30,12 +30,60 @@ SEED_LIMIT = 2 ** 32  # seeds are JAX PRNG seeds: 0 <= seed < 2**32
 _SEEDS = ("seed", "data_seed", "teacher_seed", "reference_seed", "reference_data_seed")
 
 
+# One line per Config field: what it sets. The CLI's --help prints these (every field is a --flag) and
+# they close Config's docstring, so the two cannot drift apart; tests/test_cli.py checks every field has one.
+FIELD_DOCS: dict[str, str] = {
+    "width": "student width d (hidden size of every residual block)",
+    "depth": "number L of residual blocks of the student",
+    "act": "activation of the student's MLP blocks",
+    "norm": "normalization before each block (layernorm_noaffine: LayerNorm without gain and bias)",
+    "init": "weight init: pytorch (U(+-1/sqrt(fan_in))) or xavier_normal (scaled by init_gain)",
+    "init_gain": "gain of the xavier_normal init",
+    "teacher_width": "teacher width (none: the student's)",
+    "teacher_depth": "teacher depth (none: the student's)",
+    "teacher_act": "teacher activation (none: the student's)",
+    "batch": "rows per training batch (x ~ N(0, I), targets teacher(x) + noise)",
+    "noise": "standard deviation of the Gaussian noise added to the teacher's targets",
+    "optimizer": "optimizer (adam: beta1, beta2, adam_eps; sgd: momentum)",
+    "lr": "learning rate (peak of the schedule)",
+    "momentum": "SGD momentum (0: plain SGD)",
+    "beta1": "Adam beta1",
+    "beta2": "Adam beta2",
+    "adam_eps": "Adam epsilon",
+    "schedule": "learning-rate schedule: constant, or cosine decay to lr_min over the run",
+    "lr_min": "final learning rate of the cosine schedule",
+    "warmup_steps": "steps of linear learning-rate warm-up",
+    "steps": "training steps",
+    "seed": "seed of the student's initial weights",
+    "data_seed": "seed of the batches (batch t is a pure function of data_seed and t)",
+    "teacher_seed": "seed of the frozen teacher's weights",
+    "recipe": "precision recipe: which tensors are MX-quantized and how (docs/recipes.md)",
+    "dot": "CPU GEMMs of bf16-valued operands: f32 (float32 dots, reproducible) or bf16 (AVX512-BF16/AMX dots)",
+    "arch": "student architecture: resmlp (the paper's) or ngpt (hypersphere-normalized)",
+    "controller": "stability controller: none, gnmr, or gnmr:key=value,... (e.g. gnmr:threshold=3,lock_steps=50)",
+    "diagnostics_every": "record the reference gradient, zeta bound, cosine and clamp statistics every N steps "
+                         "(0: never)",
+    "gradient_reference": "reference gradient of the diagnostics: 'same_point' (same weights and batch) or "
+                          "'paired_run' (the paired run's gradient, the paper's definition)",
+    "paired_run": "train the reference_recipe run alongside on the same batches (records ref_loss, zeta_paper)",
+    "reference_recipe": "recipe of the reference gradient and of the paired run",
+    "reference_seed": "start the paired run from this init seed instead (a control; needs paired_run)",
+    "reference_data_seed": "feed the paired run this data seed's batches instead (a control; needs paired_run)",
+    "diagnostic_format": "MX element format that counts LN-gain clamping where the recipe does not quantize them",
+    "val_every": "held-out validation loss every N steps (a multiple of diagnostics_every; 0: never)",
+    "val_batches": "held-out batches of the validation loss",
+    "spike_factor": "a loss above this many times the previous step's is a divergence (the run stops)",
+    "checkpoint_every": "save the full train state every N steps (0: never; needed for interventions)",
+    "checkpoint_at": "save the full train state at these steps (multiples of diagnostics_every)",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """One proxy run (frozen; derive variants with :meth:`replace`).
 
     Model: ``width`` d, ``depth`` L residual blocks, activation ``act``
-    (gelu/relu/swiglu/tanh/linear), ``norm`` (layernorm/none), ``init``
+    (gelu/relu/swiglu/tanh/linear/relu2/silu), ``norm`` (layernorm/rmsnorm/layernorm_noaffine/none), ``init``
     (pytorch: U(±1/sqrt(fan_in)); xavier_normal with ``init_gain``). Teacher:
     ``teacher_width``/``teacher_depth``/``teacher_act`` default to the
     student's. Data: ``batch`` rows of x ~ N(0, I), targets teacher(x) +
@@ -180,7 +228,9 @@ class Config:
         choice("teacher_act", ACTIVATIONS, optional=True)
         choice("norm", NORMS)
         choice("arch", ARCHS)
-        if isinstance(self.controller, str):
+        if isinstance(self.controller, str) and self.controller.strip().lower() in ("none", "off"):
+            object.__setattr__(self, "controller", None)
+        elif isinstance(self.controller, str):
             object.__setattr__(self, "controller", GNMR.parse(self.controller))
         elif isinstance(self.controller, dict):
             object.__setattr__(self, "controller", GNMR.from_dict(self.controller))
@@ -307,3 +357,14 @@ class Config:
     def hash(self) -> str:
         """A stable 16-hex-digit key of the full config (and the schema version)."""
         return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+
+def _field_list() -> str:
+    missing = sorted(set(Config.field_names()) - set(FIELD_DOCS))
+    if missing:  # a new field needs its one-line doc (the CLI's help prints it)
+        raise RuntimeError(f"Config fields without a line in FIELD_DOCS: {missing}")
+    return "\n".join(f"      {name}: {FIELD_DOCS[name]}" for name in Config.field_names())
+
+
+Config.__doc__ = (Config.__doc__ or "").rstrip() + "\n\n    Fields (``FIELD_DOCS``; the CLI's ``--help`` prints the same lines):\n" \
+    + _field_list() + "\n"

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from proxy import interventions, runner
+from proxy.cli_help import CHOICES, PlainFormatter, cli_message, config_help
 from proxy.config import Config
 from proxy.recipe import MITIGATIONS
 
@@ -56,6 +57,13 @@ def _field_type(f: dataclasses.Field):
     return str
 
 
+def _metavar(f: dataclasses.Field) -> str:
+    if f.name in CHOICES:
+        return "NAME"
+    return {"controller": "SPEC", "checkpoint_at": "STEP"}.get(f.name) or {
+        parse_bool: "BOOL", int: "N", float: "X"}.get(_field_type(f), "TEXT")
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -65,10 +73,9 @@ def _add_config_options(p: argparse.ArgumentParser, fields, multi: bool):
         if f.name not in fields:
             continue
         t = _field_type(f)
-        default = f.default if f.default is not dataclasses.MISSING else None
         nargs = "+" if multi or f.name == "checkpoint_at" else None
-        p.add_argument(_flag(f.name), dest=f.name, type=t, nargs=nargs, default=None, metavar=f.name.upper(),
-                       help=f"default {default!r}" if default not in (None, ()) else None)
+        p.add_argument(_flag(f.name), dest=f.name, type=t, nargs=nargs, default=None, metavar=_metavar(f),
+                       help=config_help(f.name, multi=multi))
 
 
 def add_store_options(p: argparse.ArgumentParser, *, train: bool = True, aliases=("--store",),
@@ -161,7 +168,7 @@ def _guard(fn):
         try:
             return fn(args)
         except ValueError as e:
-            print(f"proxy {args.command}: error: {e}", file=sys.stderr)
+            print(f"proxy {args.command}: error: {cli_message(str(e))}", file=sys.stderr)
             return 2
 
     return run
@@ -183,10 +190,12 @@ def add_experiment_commands(subparsers) -> None:
         "intervene", help="continue a stored run from a checkpoint with a change",
         description="Continue RUN_DIR from its checkpoint at --at-step on the same batches, with a new recipe, "
                     "named mitigations (--apply) and/or other settings; the result lands in the parent's store "
-                    "unless --store/--no-store say otherwise. Mitigations: "
-                    + "; ".join(f"{k}: {m.description}" for k, m in MITIGATIONS.items()))
+                    "unless --store/--no-store say otherwise. The parent must have a checkpoint there: train it "
+                    "with --checkpoint-at STEP or --checkpoint-every N.\n\nmitigations (--apply):\n"
+                    + "\n".join(f"  {k:<19} {m.description}" for k, m in MITIGATIONS.items()))
     iv.add_argument("run_dir", metavar="RUN_DIR", help="a stored run's folder (runs/<key>)")
-    iv.add_argument("--at-step", type=int, required=True, help="a step with a checkpoint")
+    iv.add_argument("--at-step", type=int, required=True, metavar="STEP",
+                    help="the checkpoint step to continue from (the parent's --checkpoint-at or --checkpoint-every)")
     iv.add_argument("--apply", nargs="+", default=None, metavar="NAME", choices=list(MITIGATIONS),
                     help=f"named mitigations: {', '.join(MITIGATIONS)}")
     _add_config_options(iv, interventions.INTERVENABLE_FIELDS, multi=False)
@@ -198,6 +207,10 @@ def main(argv=None) -> int:
     """Run ``sweep`` / ``intervene`` standalone; returns the exit status."""
 
     class Parser(argparse.ArgumentParser):
+        def __init__(self, *a, **kw):
+            kw.setdefault("formatter_class", PlainFormatter)
+            super().__init__(*a, **kw)
+
         def error(self, message):
             self.print_usage(sys.stderr)
             print(f"{self.prog}: error: {message}", file=sys.stderr)

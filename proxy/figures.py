@@ -20,10 +20,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from proxy import beyond, campaign, paper, plots
+from proxy import beyond, campaign, paper, parallel, plots
 from proxy import scales as _scales
 
-__all__ = ["FIGURES", "HEADLINE", "SCALES", "generate", "headline_source", "campaign_figures", "RESULTS_ROOT"]
+__all__ = ["FIGURES", "FIGURE_DOCS", "TRAINED", "HEADLINE", "SCALES", "generate", "headline_source",
+           "campaign_figures", "default_dir", "RESULTS_ROOT"]
 
 RESULTS_ROOT = "results"
 
@@ -72,10 +73,8 @@ def _largest_width(runs):
 def _headline_lr_sweep(results):
     scale, runs = results
     w, grid = _largest_width([r for r in runs if r.info["kind"] == "grid"])
-    fig = plots.lr_sweep(grid)
-    fig.suptitle(f"Fig. 2 at the {scale} scale: width {w}, {_describe(grid)}\nFP32 vs the authors' MX recipes "
-                 f"across learning rates")
-    return fig
+    return plots.lr_sweep(grid, title=f"Fig. 2 at the {scale} scale: width {w}, {_describe(grid)}\nFP32 vs the "
+                                      f"authors' MX recipes across learning rates")
 
 
 def _headline_zeta(results):
@@ -90,11 +89,10 @@ def _headline_zeta(results):
 def _headline_ln_clamping(results):
     scale, runs = results
     w, paired = _largest_width([r for r in runs if r.info["kind"] in ("paired", "control")])
-    fig = plots.ln_clamping(paired, labels=[plots.reference_name(r) if r.info["kind"] == "control"
-                                            else r.config.recipe.name for r in paired])
-    fig.suptitle(f"Fig. 5 (right) at the {scale} scale, width {w}: LN gains in the E4M3 clamp region\n"
-                 f"(counted where the recipe does not quantize them)")
-    return fig
+    return plots.ln_clamping(paired, labels=[plots.reference_name(r) if r.info["kind"] == "control"
+                                             else r.config.recipe.name for r in paired],
+                             title=f"Fig. 5 (right) at the {scale} scale, width {w}: LN gains in the E4M3 clamp band "
+                                   f"[0.875, 1)·2^k\n(counted where the recipe does not quantize them)")
 
 
 def _headline_interventions(results):
@@ -102,10 +100,9 @@ def _headline_interventions(results):
     children = [r for r in runs if r.info["kind"] == "intervention"]
     parent_key = children[0].info.get("parent")
     parents = [r for r in runs if r.info["kind"] == "paired" and r.info.get("key") == parent_key]
-    fig = plots.interventions(parents[0], children)
-    fig.suptitle(f"Fig. 7 at the {scale} scale: in-situ interventions on {parents[0].config.recipe.name}, "
-                 f"width {parents[0].config.width}")
-    return fig
+    return plots.interventions(parents[0], children,
+                               title=f"Fig. 7 at the {scale} scale: in-situ interventions on "
+                                     f"{parents[0].config.recipe.name}, width {parents[0].config.width}")
 
 
 # name → (the campaign kinds it needs, figure function of (scale, runs))
@@ -148,8 +145,22 @@ def campaign_figures(results, out: str = "figures") -> list[str]:
     return written
 
 
-def _trained(plot, experiment):
-    """A figure of runs trained (or loaded from the store) by a :mod:`proxy.paper` experiment."""
+# figures of runs trained (or loaded from the store) by a proxy.paper experiment: name → (plot, experiment)
+TRAINED: dict[str, tuple[Callable, Callable]] = {
+    "lr_sweep": (plots.lr_sweep, paper.lr_sweep_runs),                  # Fig. 2
+    "lr_summary": (plots.lr_summary, paper.lr_sweep_runs),              # Fig. 2 (summary)
+    "ablations": (plots.ablations, paper.ablation_runs),                # Fig. 3
+    "gradient_bias": (plots.gradient_bias, paper.gradient_bias_runs),   # Fig. 4
+    "ln_clamping": (plots.ln_clamping, paper.mechanism_runs),           # Fig. 5 right + LN-affine ablation
+    "mitigations": (plots.mitigations, paper.mitigation_runs),          # Fig. 6
+    "spikes_vs_shape": (plots.spikes_vs_shape, paper.shape_runs),       # Fig. 9
+    "sgd_momentum": (plots.sgd_momentum, paper.sgd_runs),               # Fig. 10
+    "init_ablation": (plots.init_ablation, paper.init_runs),            # Fig. 11
+}
+
+
+def _trained(name):
+    plot, experiment = TRAINED[name]
     return lambda scale, store=None, **_: plot(experiment(scale, store=store))
 
 
@@ -161,32 +172,74 @@ def _static(plot):
 FIGURES: dict[str, Callable] = {
     "sawtooth": _static(plots.sawtooth),                                        # Fig. 5 left
     "ln_collapse": _static(plots.ln_collapse),                                  # Section 5
-    "lr_sweep": _trained(plots.lr_sweep, paper.lr_sweep_runs),                  # Fig. 2
-    "lr_summary": _trained(plots.lr_summary, paper.lr_sweep_runs),              # Fig. 2 (summary)
-    "ablations": _trained(plots.ablations, paper.ablation_runs),                # Fig. 3
-    "gradient_bias": _trained(plots.gradient_bias, paper.gradient_bias_runs),   # Fig. 4
-    "ln_clamping": _trained(plots.ln_clamping, paper.mechanism_runs),           # Fig. 5 right + LN-affine ablation
-    "mitigations": _trained(plots.mitigations, paper.mitigation_runs),          # Fig. 6
+    **{name: _trained(name) for name in ("lr_sweep", "lr_summary", "ablations", "gradient_bias", "ln_clamping",
+                                         "mitigations")},
     "interventions": _interventions,                                            # Fig. 7
-    "spikes_vs_shape": _trained(plots.spikes_vs_shape, paper.shape_runs),       # Fig. 9
-    "sgd_momentum": _trained(plots.sgd_momentum, paper.sgd_runs),               # Fig. 10
-    "init_ablation": _trained(plots.init_ablation, paper.init_runs),            # Fig. 11
+    **{name: _trained(name) for name in ("spikes_vs_shape", "sgd_momentum", "init_ablation")},
     "beyond": _beyond,                                                          # notebook 09: seed 003's systems
     **{name: _headline(name) for name in HEADLINE},                             # committed campaign results
 }
 
+# one line per figure (``proxy figures --help``)
+FIGURE_DOCS = {
+    "sawtooth": "Fig. 5 left: E4M3's relative gap per code, shaded: the clamp band [0.875, 1) of each binade",
+    "ln_collapse": "LN-like gain clusters c·exp(0.02·N(0,1)) collapsing onto one code, versus c",
+    "lr_sweep": "Fig. 2: FP32, MXFP8 E4M3 and MXFP6 E2M3 loss curves, one panel per learning rate",
+    "lr_summary": "Fig. 2 summary: final loss versus learning rate per recipe",
+    "ablations": "Fig. 3: activation and normalization ablations, FP32 vs MXFP8 E4M3",
+    "gradient_bias": "Fig. 4: the zeta bound and cosine of E4M3, E2M3 and FP4 over training",
+    "ln_clamping": "Fig. 5 right: LN gains clamped, and exempting only the LN affine parameters",
+    "mitigations": "Fig. 6: forward-only quantization and bf16 activations: loss relative to FP32, zeta, cosine",
+    "interventions": "Fig. 7: in-situ interventions from an early and a late checkpoint",
+    "spikes_vs_shape": "Fig. 9: loss spikes and zeta versus depth and width",
+    "sgd_momentum": "Fig. 10: SGD with and without momentum",
+    "init_ablation": "Fig. 11: PyTorch-default against lower-gain Xavier init",
+    "beyond": "notebook 09: 2-D blocks with stochastic rounding, NVFP4, nGPT and GNMR",
+    "headline_lr_sweep": "Fig. 2 from the committed campaign results (trains nothing)",
+    "headline_zeta": "Fig. 4 from the committed campaign results: the paper's zeta, its control, the same-point bound",
+    "headline_ln_clamping": "Fig. 5 right from the committed campaign results",
+    "headline_interventions": "Fig. 7 from the committed campaign results",
+}
 
-def generate(names=None, *, scale: str = "quick", out: str = "figures", store=None, results=RESULTS_ROOT,
-             pdf: bool = False, log=print) -> list[str]:
-    """Write the named figures (default: all) as PNG (and PDF) into ``out``.
+
+def default_dir(kind: str) -> Path:
+    """Where ``proxy figures`` writes by default, outside any checkout:
+    ``$XDG_CACHE_HOME/proxy/<kind>`` (else ``~/.cache/proxy/<kind>``), with
+    ``kind`` ``runs`` (the run store) or ``figures``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "proxy" / kind
+
+
+def _prefetch(names, scale, store, jobs, progress, log):
+    """Train every planned run of ``names`` not yet in ``store`` in parallel processes (:mod:`proxy.parallel`)."""
+    sweeps = []
+    for name in names:
+        if name in TRAINED:
+            sweeps += paper.planned_sweeps(TRAINED[name][1], scale) or []
+    units = parallel.plan_units(sweeps, store)
+    jobs = jobs or parallel.default_jobs(len(units))
+    if jobs > 1 and len(units) > 1:
+        wall = parallel.train_all(units, store, jobs=jobs, progress=progress, log=log)
+        log(f"trained {sum(len(u.configs) for u in units)} runs in {wall:.0f}s")
+
+
+def generate(names=None, *, scale: str = "quick", out=None, store=None, results=RESULTS_ROOT,
+             pdf: bool = False, log=print, jobs: int | None = None, progress: bool = True) -> list[str]:
+    """Write the named figures (default: all) as PNG (and PDF) into ``out``
+    (``None``: :func:`default_dir` ``("figures")``, outside the checkout).
     Training figures train into (or load from) ``store`` (``None``: memory
-    only); the ``headline_*`` figures read campaign results under ``results``.
+    only); with a store, the runs of every figure asked for are first trained
+    in ``jobs`` parallel processes (``None``: one per core, at most 4; 1: all
+    in this process). The ``headline_*`` figures read campaign results under
+    ``results``.
 
     Raises:
-      ValueError: for an unknown figure name or scale, naming the valid ones.
+      ValueError: for an unknown figure name or scale, or a bad ``jobs``, naming the valid ones.
     """
     if scale not in SCALES:
         raise ValueError(f"unknown scale {scale!r}; valid: {', '.join(SCALES)}")
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise ValueError(f"jobs must be a positive integer or None (one per core), got {jobs!r}")
     if names:
         names = list(names)
         unknown = [n for n in names if n not in FIGURES]
@@ -197,11 +250,18 @@ def generate(names=None, *, scale: str = "quick", out: str = "figures", store=No
         for n in HEADLINE:
             if n not in names:
                 log(f"skipping {n}: no campaign results under {results}/ (see proxy campaign)")
+    out = str(default_dir("figures") if out is None else out)
     os.makedirs(out, exist_ok=True)
+    if store is not None and jobs != 1:
+        _prefetch(names, scale, store, jobs, progress, log)
     written = []
     for i, name in enumerate(names, 1):
         t0 = time.perf_counter()
-        log(f"[{i}/{len(names)}] {name} ({scale}) ...")
+        source = scale
+        if name in HEADLINE:  # drawn from committed results, whatever --scale says
+            found = headline_source(HEADLINE[name][0], results)
+            source = f"committed {found[0]} results, {Path(results) / found[0]}" if found else "no results"
+        log(f"[{i}/{len(names)}] {name} ({source}) ...")
         fig = FIGURES[name](scale, store=store, results=results)
         for ext in ("png", "pdf") if pdf else ("png",):
             path = os.path.join(out, f"{name}.{ext}")

@@ -87,7 +87,8 @@ def intervene(run: Run | str | Path, at_step: int, recipe: str | _recipes.Recipe
                          f"checkpoints at: {available or 'none'}")
     if at_step not in available:
         raise ValueError(f"no checkpoint at step {at_step}; checkpoints at: {available or 'none'} "
-                         f"(train the parent with checkpoint_at=({at_step},) or checkpoint_every)")
+                         f"(train the parent with checkpoint_at=({at_step},) or checkpoint_every=N, N dividing "
+                         f"{at_step})")
     new_recipe = _recipes.get(recipe) if recipe is not None else pc.recipe
     if applied:
         new_recipe = _recipes.mitigate(new_recipe, applied)

@@ -29,7 +29,7 @@ from proxy.run import Run
 __all__ = ["scale", "LR_SWEEP_RECIPES", "ABLATION_RECIPES", "MITIGATION_RECIPES", "APPENDIX_RECIPES",
            "ZETA_CONTROLS", "ln_affine_exempt", "lr_sweep_runs", "ablation_runs", "gradient_bias_runs",
            "mechanism_runs", "mitigation_runs", "intervention_runs", "shape_runs", "sgd_runs", "init_runs",
-           "zeta_control_runs"]
+           "zeta_control_runs", "planned_sweeps"]
 
 # --------------------------------------------------------------------------- what each experiment trains
 
@@ -52,8 +52,31 @@ def scale(s: str | _scales.Scale = "quick") -> _scales.Scale:
 _as_scale = scale  # the experiment functions' ``scale`` argument shadows the function
 
 
+_plan: list | None = None  # set by planned_sweeps: _sweep records instead of training
+
+
 def _sweep(config: Config, store, progress: bool, **axes) -> list[Run]:
+    if _plan is not None:
+        _plan.append((config, axes))
+        return []
     return list(runner.sweep(config, store=store, progress=progress, **axes).runs)
+
+
+def planned_sweeps(experiment, scale="quick") -> list[tuple[Config, dict]] | None:
+    """The sweeps ``experiment(scale)`` would train, as ``(config, axes)`` of
+    each ``proxy.sweep`` call, without training anything; ``None`` for an
+    experiment whose later runs start from trained ones (the interventions),
+    which cannot be planned ahead. How ``proxy figures`` trains the runs of
+    several figures in parallel processes before drawing them."""
+    global _plan
+    _plan = []
+    try:
+        experiment(scale, store=None, progress=False)
+        return list(_plan)
+    except (ValueError, TypeError):  # it needed a trained run (e.g. unpacking the parent of interventions)
+        return None
+    finally:
+        _plan = None
 
 
 def ln_affine_exempt(recipe: str = "mxfp8_e4m3"):

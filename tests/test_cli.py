@@ -6,7 +6,9 @@ import sys
 
 import pytest
 
-from proxy.cli import main
+from proxy.cli import build_parser, main
+from proxy.config import FIELD_DOCS, Config
+from proxy.bench import BENCHMARKS
 
 
 def _cli(*args, tmp_path=None):
@@ -33,8 +35,9 @@ def test_train_writes_the_run_and_reloads_it(tmp_path):
     (["train", "--recipe", "mxfp9"], "invalid choice: 'mxfp9'"),
     (["train", "--width", "0"], "width must be a positive integer"),
     (["train", "--lr", "fast"], "invalid float value"),
-    (["train", "--val-every", "15"], "multiple of diagnostics_every"),
-    (["train", "--act", "elu"], "choose from 'gelu'"),
+    (["train", "--act", "elu"], "valid: gelu, relu"),
+    (["train", "--val-every", "15"], "multiple of --diagnostics-every"),
+    (["train", "--reference-seed", "1"], "set --paired-run true"),
     (["bench", "nope"], "valid: quantize"),
     (["figures", "--only", "nope"], "valid: sawtooth"),
     (["figures", "--scale", "huge"], "invalid choice"),
@@ -45,3 +48,47 @@ def test_bad_input_exits_2_naming_valid_choices(args, message, capsys):
         raise SystemExit(code)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def _subparsers():
+    parser = build_parser()
+    (action,) = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
+    return action.choices
+
+
+def test_every_flag_of_every_command_has_a_one_line_description():
+    for name, sub in _subparsers().items():
+        for action in sub._actions:
+            assert action.help and action.help.strip(), f"proxy {name} {action.option_strings or action.dest}"
+
+
+def test_config_flags_say_what_they_set_what_they_accept_and_their_default():
+    assert set(FIELD_DOCS) == set(Config.field_names())
+    assert "Fields" in Config.__doc__ and all(f"{n}: " in Config.__doc__ for n in FIELD_DOCS)
+    helps = {a.dest: a.help for a in _subparsers()["train"]._actions}
+    for name in Config.field_names():
+        assert "default: " in helps[name], name
+    assert "true or false" in helps["paired_run"]
+    assert "gnmr:threshold=3" in helps["controller"] and "none" in helps["controller"]
+    assert "one of: fp32, bf16, mxfp8_e4m3" in helps["recipe"]
+    sweep_helps = {a.dest: a.help for a in _subparsers()["sweep"]._actions}
+    assert "sweep axis" in sweep_helps["lr"]
+
+
+@pytest.mark.parametrize("argv", [["train", "--help"], ["sweep", "--help"], ["intervene", "--help"],
+                                  ["figures", "--help"], ["campaign", "--help"], ["bench", "--help"],
+                                  *[["bench", name, "--help"] for name in BENCHMARKS]])
+def test_help_is_plain_terminal_text(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "``" not in out and ":func:" not in out and ":mod:" not in out and ":class:" not in out, out
+    if argv == ["bench", "--help"]:
+        for name in BENCHMARKS:  # each benchmark with its one-line description
+            assert f"  {name} " in out
+        assert "milliseconds per training step" in out
+
+
+def test_controller_none_is_no_controller():
+    assert Config(controller="none").controller is None

@@ -44,6 +44,7 @@ import jax
 
 from proxy import compile_cache, executables, layers, scales
 from proxy.runner import train
+from proxy.text import plain
 
 __all__ = ["main", "measure", "child", "WARM_TARGET_S", "COLD_TARGET_S"]
 
@@ -154,7 +155,7 @@ def _verdict(ok: bool) -> str:
 
 
 def main(argv=None, *, started: float | None = None) -> int:
-    p = argparse.ArgumentParser(prog="proxy bench compile", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="proxy bench compile", description=plain(__doc__.splitlines()[0]))
     p.add_argument("--steps", type=int, default=None,
                    help="training steps per run (default: the quick config's; fewer for a CI-sized check)")
     p.add_argument("--act", default=None, help="the activation of the new program (default: relu)")

@@ -53,6 +53,7 @@ from proxy import recipe as recipes
 from proxy.bench.step import interleaved_medians, step_timer
 from proxy.config import Config
 from proxy.quantize import SCALE_RULES, MXSpec, quantize
+from proxy.text import plain
 
 DEFAULT_FORMATS = ("fp8_e4m3", "fp4_e2m1")
 GPU_SIZES = (4096, 8192)
@@ -152,7 +153,7 @@ def step_times(width: int, batch: int, recipe_name: str, steps: int, repeats: in
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="proxy bench kernels", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="proxy bench kernels", description=plain(__doc__.split("\n\n")[0]))
     p.add_argument("--sizes", type=int, nargs="+", default=None,
                    help="M = N = K values (default: 4096 8192 on a GPU, 256 on a CPU)")
     p.add_argument("--formats", nargs="+", default=list(DEFAULT_FORMATS), choices=list(mxq.MX_FORMATS),

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from proxy.quantize import NVFP4, MXSpec, quantize
+from proxy.text import plain
 
 TARGET = 2.0
 CASES = (  # (spec, block axis); the first one is the target case
@@ -60,7 +61,7 @@ def interleaved_medians(fn, baseline, x, repeats: int) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="proxy bench quantize", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="proxy bench quantize", description=plain(__doc__.splitlines()[0]))
     parser.add_argument("--size", type=_positive_int, default=4096, help="array is size x size float32")
     parser.add_argument("--repeats", type=_positive_int, default=10, help="timed calls per function and case")
     args = parser.parse_args(argv)

@@ -23,6 +23,7 @@ import numpy as np
 from proxy.config import Config
 from proxy.engine import compiler_options, dynamic_for, program_for
 from proxy.model import hidden_width
+from proxy.text import plain
 
 
 def interleaved_medians(fns: dict, repeats: int) -> dict:
@@ -81,7 +82,7 @@ def gemm_timer(config: Config, steps: int):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="proxy bench step", description=__doc__)
+    p = argparse.ArgumentParser(prog="proxy bench step", description=plain(__doc__))
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--batch", type=int, default=512)

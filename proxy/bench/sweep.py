@@ -16,10 +16,11 @@ import numpy as np
 
 from proxy import runner
 from proxy.config import Config
+from proxy.text import plain
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="proxy bench sweep", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="proxy bench sweep", description=plain(__doc__.splitlines()[0]))
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--members", type=int, default=8)
     p.add_argument("--width", type=int, default=128)

@@ -11,20 +11,28 @@ from proxy.quantize import MXSpec, quantize, quantize_stats
 
 
 def sawtooth(fmt: str = "fp8_e4m3"):
-    """Paper Fig. 5 (left): relative gap between successive positive codes,
-    with the region a block's values reach only by saturating (OCP floor
-    scale: scaled magnitudes in (max_normal, 2**(emax+1)) clamp to max_normal)."""
+    """Paper Fig. 5 (left): relative gap between successive positive codes.
+    Shaded: the clamp band. Under the OCP floor scale a block's largest
+    magnitude is scaled into [2**emax, 2**(emax+1)); scaled values above the
+    top code (E4M3: 448 = 0.875 · 512) saturate onto it, so a block whose
+    maximum lies in [0.875, 1) · 2^k (E4M3) has it clamped: the band drawn,
+    in scaled code units, is (max_normal, 2**(emax+1))."""
     f = formats.get(fmt)
     codes, gaps = formats.relative_gaps(f)
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    ax.plot(codes, 100 * gaps, ".-", lw=0.8, ms=3, color=color("mxfp8_e4m3"))
-    ax.axvspan(f.max_normal, 2.0 ** (f.emax + 1), color="0.8", hatch="//", alpha=0.6,
-               label=f"clamped to {f.max_normal:g} (scaled |x| > {f.max_normal:g})")
+    top = 2.0 ** (f.emax + 1)
+    lo = f.max_normal / top
+    fig, ax = plt.subplots(figsize=(6.8, 3.8))
+    ax.axvspan(f.max_normal, top, color=color("mxfp8_e4m3"), alpha=0.25, lw=0)
+    ax.plot(codes, 100 * gaps, ".-", lw=0.8, ms=3, color="#000000")
     ax.set_xscale("log", base=2)
+    ax.set_xlim(right=top * 1.6)
+    ax.annotate(f"clamp band: scaled |x| in ({f.max_normal:g}, {top:g})\nsaturates to {f.max_normal:g}; i.e. a "
+                f"block maximum\nin [{lo:g}, 1)·2^k is clamped", xy=(f.max_normal * 1.07, 60),
+                xytext=(2.0 ** (f.emax - 5), 60), fontsize=8, va="center", ha="center",
+                arrowprops=dict(arrowstyle="->", color=color("mxfp8_e4m3")), color=color("mxfp8_e4m3"))
     ax.set_xlabel(f"positive {f.name} code x_t (log2 scale)")
     ax.set_ylabel("relative gap (x_{t+1} − x_t)/x_t  [%]")
-    ax.set_title(f"{f.name}: precision within each binade (the sawtooth)")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.set_title(f"{f.name}: precision within each binade (the sawtooth) and its clamp band", fontsize=10)
     fig.tight_layout()
     return fig
 

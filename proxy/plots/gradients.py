@@ -6,7 +6,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from proxy.plots.style import (_auto_smooth, _blowup, _mark_divergence, _plot_smoothed, _run_label, _series,
-                               _smooth, _trend, _zeta_axis, color)
+                               _smooth, _trend, _zeta_axis, color, finish)
 from proxy.quantize import MXSpec
 
 
@@ -49,8 +49,8 @@ def gradient_bias(runs, labels=None):
             _trend(ax, x, y, c, lab, ls)
             _mark_divergence(ax, r, c)
     axes[1, 0].axhline(2.0, color="k", ls="--", lw=1)
-    axes[1, 0].text(0.01, 2.0, " divergence expected near 2", transform=axes[1, 0].get_yaxis_transform(),
-                    va="bottom", fontsize=7)
+    axes[1, 0].text(0.99, 2.0, "divergence expected near 2 ", transform=axes[1, 0].get_yaxis_transform(),
+                    ha="right", va="bottom", fontsize=7)
     axes[1, 0].set_ylim(0, max(2.3, axes[1, 0].get_ylim()[1]))
     for ax, ylabel, logy in ((axes[0, 0], "training loss", True), (axes[0, 1], "gradient norm ‖g̃‖", True),
                              (axes[1, 0], "‖ζ‖ bound = ‖g̃ − g‖ / ‖g‖", False),
@@ -59,10 +59,8 @@ def gradient_bias(runs, labels=None):
         ax.set_ylabel(ylabel)
         if logy:
             ax.set_yscale("log")
-    axes[1, 0].legend(fontsize=7, loc="upper right")
-    fig.suptitle("Gradient bias of low-precision training (g̃ low precision, g full precision)")
-    fig.tight_layout()
-    return fig
+    return finish(fig, "Gradient bias of low-precision training (g̃ low precision, g full precision)",
+                  legend_axes=[axes[1, 0]], ncol=2)
 
 
 def reference_name(r) -> str:
@@ -112,27 +110,26 @@ def paper_metric(runs, controls=(), title: str | None = None):
             x, y = _series(r, "zeta_bound")
             _trend(a_same, x, y, c, name)
             x, y = _series(r, "cosine")
-            _trend(a_cos, x, y, c, f"{name}: same point")
+            _trend(a_cos, x, y, c)
         x, y = _series(r, "cosine_paper")
-        _trend(a_cos, x, y, c, f"{name}: vs paired run", "--" if not is_control else ":")
+        _trend(a_cos, x, y, c, None, "--" if not is_control else ":")
     a_loss.set_yscale("log")
     a_loss.set_ylabel("training loss" + (f" ({smooth}-step mean)" if smooth > 1 else ""))
     a_paper.axhline(2.0, color="k", ls="--", lw=1)
-    a_paper.text(0.01, 2.0, " 2 = two uncorrelated gradients of equal norm", transform=a_paper.get_yaxis_transform(),
-                 va="bottom", fontsize=7)
+    a_paper.text(0.99, 2.0, "2 = two uncorrelated gradients of equal norm ", transform=a_paper.get_yaxis_transform(),
+                 ha="right", va="bottom", fontsize=7, bbox=dict(fc="white", ec="none", alpha=0.8, pad=1))
     a_paper.set_yscale("log")  # decorrelated steps reach 10-100: a log axis keeps 2 and the medians readable
     a_paper.set_ylabel("paper's ζ = ‖g̃ − g_ref‖² / ‖g_ref‖²")
     _zeta_axis(a_same, "same-point ‖ζ‖ bound = ‖g̃ − g‖ / ‖g‖")
     a_cos.set_ylabel("cosine")
     for ax in axes.flat:
         ax.set_xlabel("step")
-        ax.legend(fontsize=7)
-    fig.suptitle(title or "The paper's ζ against its paired FP32 run, the same-point bound, and the controls")
-    fig.tight_layout()
-    return fig
+    a_cos.plot([], [], "-", color="0.3", label="cosine: solid, at the same point; dashed/dotted, vs the paired run")
+    return finish(fig, title or "The paper's ζ against its paired FP32 run, the same-point bound, and the controls",
+                  legend_axes=[a_loss, a_cos], ncol=3)
 
 
-def ln_clamping(runs, labels=None):
+def ln_clamping(runs, labels=None, title: str | None = None):
     """Paper Fig. 5 (right) and the LN-affine ablation: loss, the fraction of
     LN gains the weight spec clamps (overall thick, per block thin; for
     unquantized gains it is counted as a diagnostic), and the ‖ζ‖ bound."""
@@ -146,7 +143,7 @@ def ln_clamping(runs, labels=None):
         _plot_smoothed(a1, x, y, smooth, color=c, lw=1, label=lab)
         _mark_divergence(a1, r, c)
         x, y = _series(r, "ln_clamp_frac")
-        a2.plot(x, 100 * y, color=c, lw=1.4, label=f"{lab}: all blocks")
+        a2.plot(x, 100 * y, color=c, lw=1.4)
         blocks = sorted(k for k in r.metrics.columns if k.startswith("ln_clamp_frac/block_"))
         for k in blocks:
             xb, yb = _series(r, k)
@@ -154,17 +151,14 @@ def ln_clamping(runs, labels=None):
         _mark_divergence(a2, r, c)
         x, y = _series(r, "zeta_bound")
         if len(y) and np.any(y > 0):
-            _trend(a3, x, y, c, lab)
+            _trend(a3, x, y, c)
     a1.set_yscale("log")
     a1.set_ylabel("training loss" + (f" ({smooth}-step mean)" if smooth > 1 else ""))
-    a2.set_ylabel("LN gains clamped [%] (thin: per block)")
+    a2.set_ylabel("LN gains clamped [%]\n(thick: all blocks, thin: per block)")
     _zeta_axis(a3)
     for ax in (a1, a2, a3):
         ax.set_xlabel("step")
-        ax.legend(fontsize=7)
-    fig.suptitle("LayerNorm gains in the clamped region of the MX weight format")
-    fig.tight_layout()
-    return fig
+    return finish(fig, title or "LayerNorm gains in the clamped region of the MX weight format", legend_axes=[a1])
 
 
 def ln_gains(run, fmt: str | None = None):
@@ -199,30 +193,45 @@ def ln_gains(run, fmt: str | None = None):
 
 def mitigations(runs, smooth: int | None = None):
     """Paper Fig. 6: forward-only quantization and bf16 activations against
-    the plain MX recipe and FP32: loss, ‖ζ‖ bound (dashed line at 2) and cosine."""
+    the plain MX recipe and FP32: the loss relative to the FP32 run (every
+    curve's loss nearly coincides on a log axis: the difference is the
+    information), the ‖ζ‖ bound (dashed line at 2) and the cosine."""
     runs = list(runs)
     smooth = _auto_smooth(runs, smooth)
     fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(14, 3.8))
+    ref = next((r for r in runs if r.config.recipe.name == "fp32"), None)
+    rx, ry = _series(ref, "loss") if ref is not None else (np.array([]), np.array([]))
+    ry = _smooth(ry, smooth)
+    rx = rx[len(rx) - len(ry):]
     for r in runs:
         c = color(r.config.recipe.name)
         name = r.config.recipe.name
         x, y = _series(r, "loss")
-        _plot_smoothed(a1, x, y, smooth, color=c, lw=1.1, label=_run_label(r, "recipe"))
+        if ref is None:
+            _plot_smoothed(a1, x, y, smooth, color=c, lw=1.1, label=_run_label(r, "recipe"))
+        elif r is not ref:
+            ys = _smooth(y, smooth)
+            xs = x[len(x) - len(ys):]
+            n = min(len(xs), len(rx))
+            a1.plot(xs[:n], 100 * (ys[:n] / ry[:n] - 1), color=c, lw=1.1, label=_run_label(r, "recipe"))
+        else:
+            a1.plot([], [], color=c, lw=1.1, label=_run_label(r, "recipe") + " (the reference: 0)")
         _mark_divergence(a1, r, c)
         if not r.config.recipe.is_full_precision:
             for ax, col in ((a2, "zeta_bound"), (a3, "cosine")):
                 x, y = _series(r, col)
-                _trend(ax, x, y, c, name)
-    a1.set_yscale("log")
-    a1.set_ylabel("training loss" + (f" ({smooth}-step mean)" if smooth > 1 else ""))
+                _trend(ax, x, y, c)
+    if ref is None:
+        a1.set_yscale("log")
+        a1.set_ylabel("training loss" + (f" ({smooth}-step mean)" if smooth > 1 else ""))
+    else:
+        a1.axhline(0.0, color="k", lw=0.8)
+        a1.set_ylabel("loss relative to FP32 [%]" + (f"\n({smooth}-step means)" if smooth > 1 else ""))
     _zeta_axis(a2)
     a3.set_ylabel("cos(g̃, g)")
     for ax in (a1, a2, a3):
         ax.set_xlabel("step")
-        ax.legend(fontsize=7)
-    fig.suptitle("Mitigations: forward-only quantization, bf16 activations")
-    fig.tight_layout()
-    return fig
+    return finish(fig, "Mitigations: forward-only quantization, bf16 activations", legend_axes=[a1], ncol=4)
 
 
 def _intervention(run):
@@ -232,7 +241,7 @@ def _intervention(run):
     return iv.get("at_step"), "+".join(iv.get("apply") or []) or run.config.recipe.name
 
 
-def interventions(parent, children, labels=None, smooth: int | None = None):
+def interventions(parent, children, labels=None, smooth: int | None = None, title: str | None = None):
     """Paper Fig. 7: a run and its in-situ interventions, resumed from its
     checkpoints with a changed recipe on the same batches. One column per
     intervention step (early, late); top: loss (zoomed on the steps after the
@@ -283,6 +292,4 @@ def interventions(parent, children, labels=None, smooth: int | None = None):
         _zeta_axis(a_zeta)
         a_zeta.set_xlabel("step")
         a_loss.legend(fontsize=7)
-    fig.suptitle("In-situ interventions, early and late")
-    fig.tight_layout()
-    return fig
+    return finish(fig, title or "In-situ interventions, early and late")

@@ -7,17 +7,22 @@ import numpy as np
 
 from proxy.analysis import instability
 
+# Okabe & Ito's colour-blind-safe palette (black, vermillion, blue, sky blue, bluish green, orange, reddish
+# purple; yellow left out: too faint on white), assigned so that recipes drawn in one figure never share a colour:
+# the headline pair mxfp8_e4m3 (vermillion) / paper_e4m3 (blue); Fig. 4's E4M3 / E2M3 / FP4; Fig. 6's four.
+_OKABE_ITO = {"black": "#000000", "vermillion": "#D55E00", "blue": "#0072B2", "sky": "#56B4E9",
+              "green": "#009E73", "orange": "#E69F00", "purple": "#CC79A7", "grey": "#999999"}
 _PALETTE = {
-    "fp32": "#222222", "bf16": "#7f7f7f", "mxfp8_e4m3": "#d62728", "mxfp8_e5m2": "#ff7f0e",
-    "mxfp8_mixed": "#e377c2", "mxfp6_e2m3": "#1f77b4", "mxfp6_e3m2": "#17becf", "mxfp4": "#9467bd",
-    "mxint8": "#8c564b", "forward_only": "#2ca02c", "bf16_activations": "#bcbd22", "ln_exempt": "#98df8a",
-    "rceil": "#ff9896", "reference_mixed": "#c5b0d5",
+    "fp32": "#000000", "bf16": "#999999", "mxfp8_e4m3": "#D55E00", "mxfp8_e5m2": "#E69F00",
+    "mxfp8_mixed": "#CC79A7", "mxfp6_e2m3": "#56B4E9", "mxfp6_e3m2": "#009E73", "mxfp4": "#CC79A7",
+    "mxint8": "#999999", "forward_only": "#009E73", "bf16_activations": "#56B4E9", "ln_exempt": "#CC79A7",
+    "rceil": "#E69F00", "reference_mixed": "#0072B2",
     # the authors' code (proxy.recipe FAMILIES["authors_code"]) and its switches
-    "paper_e4m3": "#8b0000", "paper_mix": "#c51b7d", "paper_fp6": "#08519c", "paper_forward_only": "#006d2c",
-    "paper_no_ln_quant": "#41ab5d", "paper_bump": "#fd8d3c",
+    "paper_e4m3": "#0072B2", "paper_mix": "#CC79A7", "paper_fp6": "#56B4E9", "paper_forward_only": "#009E73",
+    "paper_no_ln_quant": "#E69F00", "paper_bump": "#CC79A7",
     # derived recipes (interventions name them "<recipe>+<intervention>")
-    "ln_affine_exempt": "#17becf", "backward_unquantized": "#2ca02c", "gelu_unquantized": "#8c564b",
-    "bf16_weights": "#9467bd",
+    "ln_affine_exempt": "#0072B2", "backward_unquantized": "#009E73", "gelu_unquantized": "#999999",
+    "bf16_weights": "#56B4E9", "act_fp32": "#999999",
 }
 
 
@@ -125,3 +130,33 @@ def _zeta_axis(ax, label: str = "‖ζ‖ bound"):
     ax.axhline(2.0, color="k", ls="--", lw=1)
     ax.set_ylim(0, max(2.3, ax.get_ylim()[1]))
     ax.set_ylabel(label)
+
+
+def _legend_entries(axes):
+    seen = {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if not lab.startswith("_") and lab not in seen:
+                seen[lab] = h
+    return list(seen.values()), list(seen)
+
+
+def finish(fig, title: str | None = None, legend_axes=(), ncol: int = 3, fontsize: float = 8):
+    """Lay a figure out so that nothing overlaps: the legend of ``legend_axes``
+    (their entries, once each) in rows *below* the panels (never over data or
+    notes), the figure made taller by exactly that, and the title in its own
+    band above the panels (never touching a frame)."""
+    handles, labels = _legend_entries(legend_axes)
+    rows = -(-len(labels) // ncol) if labels else 0
+    title_lines = title.count("\n") + 1 if title else 0
+    legend_h, title_h = 0.1 + 0.2 * rows if rows else 0.0, 0.05 + 0.22 * title_lines if title else 0.0
+    h = fig.get_figheight()
+    fig.set_figheight(h + legend_h + title_h)
+    h = fig.get_figheight()
+    if rows:
+        fig.legend(handles, labels, loc="lower center", ncol=min(ncol, len(labels)), fontsize=fontsize,
+                   frameon=False)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout(rect=(0, legend_h / h, 1, 1))  # tight_layout keeps the suptitle's band clear itself
+    return fig

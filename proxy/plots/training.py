@@ -6,7 +6,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from proxy.plots.style import (NORM_LABELS, _auto_smooth, _blowup, _color_for, _label, _mark_divergence,
-                               _plot_smoothed, _run_label, _series, color)
+                               _plot_smoothed, _run_label, _series, color, finish)
 
 
 def loss_grid(runs, panel_by="lr", color_by="recipe", column: str = "loss", smooth: int | None = None,
@@ -45,16 +45,13 @@ def loss_grid(runs, panel_by="lr", color_by="recipe", column: str = "loss", smoo
         ax.set_ylabel(ylabel)
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return finish(fig, title)
 
 
-def lr_sweep(runs, column: str = "loss", smooth: int | None = None):
+def lr_sweep(runs, column: str = "loss", smooth: int | None = None, title: str | None = None):
     """Paper Fig. 2: FP32 vs MX formats across learning rates (panel per LR)."""
     return loss_grid(runs, panel_by=lambda r: f"learning rate {r.config.lr:g}", color_by="recipe", column=column,
-                     smooth=smooth, title="Full vs low precision across learning rates (Adam)")
+                     smooth=smooth, title=title or "Full vs low precision across learning rates (Adam)")
 
 
 def lr_summary(runs):
