@@ -181,7 +181,7 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
 
         def seg(state, dyn, teacher, start, n):
             new, m = seg2(state, dyn, teacher, start, n=n)
-            return new, jax.device_get(m)
+            return new, list(jax.device_get(m))
 
         def val(state, dyn, teacher):
             return np.asarray(val2(state, dyn, teacher))
@@ -194,7 +194,7 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
 
         def seg(state, dyn, teacher, start, n):
             new, m = seg1(state, dyn, teacher, start, n=n)
-            return new, {k: np.asarray(v)[None] for k, v in jax.device_get(m).items()}
+            return new, [jax.device_get(m)]
 
         def val(state, dyn, teacher):
             return np.asarray(val1(state.params, dyn, teacher))[None]
@@ -222,7 +222,12 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
             state = jax.device_put(state, split)
             dyn = Dynamic(*(jax.device_put(v, split if batched[f] else repl) for f, v in zip(Dynamic._fields, dyn)))
             teacher = jax.device_put(teacher, repl if share_teacher else split)
-        seg, val_params = _compiled(key, dyn_axes, teacher_axis)
+        seg_members, val_params = _compiled(key, dyn_axes, teacher_axis)
+
+        def seg(state, dyn, teacher, start, n):
+            new, m = seg_members(state, dyn, teacher, start, n=n)
+            m = jax.device_get(m)
+            return new, [{k: v[i] for k, v in m.items()} for i in range(M)]
 
         def val(state, dyn, teacher):
             return np.asarray(val_params(state.params, dyn, teacher))
@@ -238,11 +243,10 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
     while t < c0.steps and not all(stopped):
         n = segment_length(c0, t)
         vals = val(state, dyn, teacher) if c0.val_every and t % c0.val_every == 0 else None
-        state, m = seg(state, dyn, teacher, np.int32(t), n=n)
-        m = jax.device_get(m)
+        state, m = seg(state, dyn, teacher, np.int32(t), n=n)  # m: each member's metrics
         active = [i for i in range(M) if not stopped[i]]
         for i in active:
-            frame = metrics_frame({k: v[i] for k, v in m.items()}, start=t)
+            frame = metrics_frame(m[i], start=t)
             frame["val_loss"] = np.nan
             if vals is not None:
                 frame.loc[frame.index[0], "val_loss"] = float(vals[i])

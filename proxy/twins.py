@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from proxy.config import Config
-from proxy.engine import Program, TrainState, program_for, static_key
+from proxy.engine import TrainState, program_for, static_key
 
 __all__ = ["TwinState", "TwinProgram", "shareable", "twin_key", "member", "twin_state"]
 
@@ -96,14 +96,12 @@ class TwinProgram:
         ref_ok = jnp.isfinite(ref[0])
         ref_params = jax.tree.map(lambda a, b: jnp.where(ref_ok, a, b), ref[2], state.ref_params)
         ref_opt = jax.tree.map(lambda a, b: jnp.where(ref_ok, a, b), ref[3], state.ref_opt)
-        stacked = jax.tree.map(lambda *v: jnp.stack(v), *metrics)
-        return TwinState(tuple(students), ref_params, ref_opt), stacked
+        return TwinState(tuple(students), ref_params, ref_opt), tuple(metrics)
 
     def segment(self, state: TwinState, dyn, teacher, start, *, n: int):
-        """``n`` steps from ``start``; metrics stacked over (members, steps), as a sweep's."""
-        state, metrics = jax.lax.scan(lambda s, t: self._step(s, t, dyn, teacher), state,
-                                      start + jnp.arange(n, dtype=jnp.int32))
-        return state, jax.tree.map(lambda a: jnp.moveaxis(a, 1, 0), metrics)
+        """``n`` steps from ``start``; a tuple of each member's metrics
+        stacked over steps (members may record different columns)."""
+        return jax.lax.scan(lambda s, t: self._step(s, t, dyn, teacher), state, start + jnp.arange(n, dtype=jnp.int32))
 
     def val_loss(self, state: TwinState, dyn, teacher):
         """(k,) held-out losses of the students."""

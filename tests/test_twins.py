@@ -49,6 +49,16 @@ def test_equal_bit_for_bit_with_bf16_dots_too():
         _same(run, proxy.train(run.config, progress=False))
 
 
+def test_members_with_other_metric_columns_share_too():
+    """fp32 beside an MX recipe: the MX run records a column the FP32 one
+    does not (the forward/dgrad weight mismatch); each keeps its own."""
+    c = BASE.replace(steps=10, checkpoint_every=0)
+    sw = proxy.sweep(c, recipe=["fp32", "mxfp8_e4m3"], progress=False)
+    assert [r.info.get("shared_reference") for r in sw.runs] == [2, 2]
+    for run in sw.runs:
+        _same(run, proxy.train(run.config, progress=False))
+
+
 def test_a_members_checkpoint_is_its_paired_runs_state(shared):
     """Continued from a twin member's checkpoint as a single paired run (a
     no-op intervention), the run reproduces the member exactly."""
