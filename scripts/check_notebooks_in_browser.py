@@ -44,8 +44,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = ROOT / "notebooks"
+from run_notebooks import NOTEBOOKS, ROOT, selected  # scripts/ is this script's first sys.path entry
 
 # run in the page: open one notebook, wait for its kernel and widgets, report, save
 OPEN_AND_SAVE = """
@@ -211,9 +210,7 @@ def main(argv=None) -> int:
     p.add_argument("--settle", type=float, default=4.0, help="seconds to wait after the kernel is up, before saving")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds for the server, the browser and each step")
     args = p.parse_args(argv)
-    paths = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
-    if args.only:
-        paths = [q for q in paths if any(q.name.startswith(o) for o in args.only)]
+    paths = selected(args.only)
     if not paths:
         print(f"no notebook matches {args.only}", file=sys.stderr)
         return 2

@@ -102,6 +102,12 @@ def inject(nb, **values) -> None:
         cell.source = cell.source.rstrip() + "\n# injected by scripts/run_notebooks.py\n" + "\n".join(lines)
 
 
+def selected(only) -> list[Path]:
+    """The committed notebooks whose names start with one of ``only`` (all of them when empty)."""
+    paths = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    return [q for q in paths if any(q.name.startswith(o) for o in only)] if only else paths
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("only", nargs="*", help="notebook number prefixes (default: all)")
@@ -109,12 +115,10 @@ def main(argv=None) -> int:
     p.add_argument("--store", help="override STORE (a run-store folder)")
     p.add_argument("--timeout", type=int, default=7200, help="seconds per cell")
     args = p.parse_args(argv)
-    paths = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
-    if args.only:
-        paths = [q for q in paths if any(q.name.startswith(o) for o in args.only)]
-        if not paths:
-            print(f"no notebook matches {args.only}", file=sys.stderr)
-            return 2
+    paths = selected(args.only)
+    if not paths:
+        print(f"no notebook matches {args.only}", file=sys.stderr)
+        return 2
     for path in paths:
         t0 = time.perf_counter()
         nb = nbformat.read(path, as_version=4)
