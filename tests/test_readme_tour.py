@@ -53,7 +53,7 @@ def test_python_tour_runs_as_written(tmp_path, monkeypatch):
 def _commands():
     for line in BASH.splitlines():
         line = line.split(" #", 1)[0].strip()
-        if line.startswith("proxy "):
+        if line.startswith(build_parser().prog + " "):  # the console command's name
             yield shlex.split(_shrink(line, SMALL_CLI))[1:]
 
 
