@@ -8,7 +8,10 @@ them. Per segment the loop records metrics, checkpoints the members that
 reach a checkpoint step, calls ``on_segment`` and stops a member that
 diverged (the engine has frozen it). ``train`` is that loop over one member,
 ``sweep`` over the members of each program group, ``intervene`` over one
-member restored from a checkpoint.
+member restored from a checkpoint. Paired members that differ only in recipe
+run as a twin group instead (:mod:`proxy.twins`): one program trains their
+shared reference run once beside them, and each member's paired train state
+is sliced out of it for checkpoints and results.
 
 What members share is computed once: the teacher (unless ``teacher_seed``
 differs) and the batches (unless ``data_seed`` or ``noise`` does). With
@@ -402,7 +405,7 @@ def sweep(config: Config, *, store=None, force: bool = False, progress: bool = T
             group = [_prepare_member(todo[k], st, k, force) for k in ks]
             if len({m.start for m in group}) > 1:  # resumed from different checkpoints: from the earliest
                 at = min(m.start for m in group)
-                group = [_prepare_member(todo[k], st, k, force or at == 0, at=at) for k in ks]
+                group = [_prepare_member(todo[k], st, k, force, at=at) for k in ks]
             runs = run_members(group, group[0].start, bar=bar, shard=shard, twins=twins)
             for k, run in zip(ks, runs):
                 notify(run.config)
