@@ -20,3 +20,12 @@ def dead_pid() -> int:
 def killed_run_folder(store, key) -> str:
     """Where a killed process was training the run ``key`` in ``store``."""
     return os.path.join(store, f"{key}.partial-{dead_pid()}")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """What the order-aware comparisons (tests/exactness.py) found, when any ran in this process."""
+    import exactness
+
+    line = exactness.summary()
+    if line:
+        terminalreporter.write_line(line)
