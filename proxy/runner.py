@@ -103,28 +103,36 @@ def _compiled(key: Config, dyn_axes: tuple, teacher_axis):
     program = program_for(key)
     axes = Dynamic(*dyn_axes)
 
-    def segment(state, dyn, teacher, start, *, n):
-        def one(s, d, te):
-            return program.segment(s, d, te, start, n=n)
-
-        if program.controller is None and key.dot != "bf16":
-            return jax.vmap(one, in_axes=(0, axes, teacher_axis))(state, dyn, teacher)
-        # one member after another (lax.map), each running the single run's program: vmap would turn a
-        # controller's cond into a select of both branches, and would hand YNNPACK (dot="bf16") batched
-        # GEMMs that sum in another order than a single run's
+    def one_by_one(fn, state, dyn, teacher):
+        """``fn`` per member, one member after another (lax.map), each running
+        the single run's program."""
         mapped = (state, Dynamic(*[v if ax == 0 else None for v, ax in zip(dyn, axes)]),
                   teacher if teacher_axis == 0 else None)
 
         def member(xs):
             s, d, te = xs
             d = Dynamic(*[v if ax == 0 else full for v, full, ax in zip(d, dyn, axes)])
-            return one(s, d, te if teacher_axis == 0 else teacher)
+            return fn(s, d, te if teacher_axis == 0 else teacher)
 
         return jax.lax.map(member, mapped)
 
+    def segment(state, dyn, teacher, start, *, n):
+        def one(s, d, te):
+            return program.segment(s, d, te, start, n=n)
+
+        if program.controller is None and key.dot != "bf16":
+            return jax.vmap(one, in_axes=(0, axes, teacher_axis))(state, dyn, teacher)
+        # vmap would turn a controller's cond into a select of both branches, and would hand YNNPACK
+        # (dot="bf16") batched GEMMs that sum in another order than a single run's
+        return one_by_one(one, state, dyn, teacher)
+
+    def val_loss(state, dyn, teacher):
+        if key.dot != "bf16":
+            return jax.vmap(program.val_loss, in_axes=(0, axes, teacher_axis))(state, dyn, teacher)
+        return one_by_one(program.val_loss, state, dyn, teacher)  # the same GEMMs as a single run's
+
     group = (key, dyn_axes, teacher_axis)
-    return (_program("members_segment", segment, group, ("n",)),
-            _program("members_val_loss", jax.vmap(program.val_loss, in_axes=(0, axes, teacher_axis)), group))
+    return (_program("members_segment", segment, group, ("n",)), _program("members_val_loss", val_loss, group))
 
 
 def init_state(config: Config):

@@ -4,11 +4,19 @@ The test process is headless: figures render with matplotlib's Agg backend
 (``MPLBACKEND``, unless the caller chose one). The notebook test removes it
 again for its kernels, which must use their own inline backend."""
 
+import gc
 import os
 import subprocess
 import sys
 
+from hypothesis import settings
+
 os.environ.setdefault("MPLBACKEND", "Agg")
+
+# Property tests compile JAX programs: their first examples take seconds, so no per-example deadline
+# (the modules' own settings say so too; this covers any new one).
+settings.register_profile("proxy", deadline=None)
+settings.load_profile("proxy")
 
 
 def dead_pid() -> int:
@@ -20,3 +28,31 @@ def dead_pid() -> int:
 def killed_run_folder(store, key) -> str:
     """Where a killed process was training the run ``key`` in ``store``."""
     return os.path.join(store, f"{key}.partial-{dead_pid()}")
+
+
+def pytest_sessionfinish(session):
+    """Collect the heap once, and freeze what survives, before an xdist worker
+    reports that it has finished.
+
+    After that report the controller gives the worker's remaining teardown
+    (pytest's final garbage collection among it) 5 seconds, then execnet sends
+    the worker a SIGINT. After hours of JAX programs a full collection of the
+    heap outlasts that on a busy 2-core machine, and the KeyboardInterrupt
+    surfaces in the first Python code after the collection: hypothesis's gc
+    callback, which cannot raise, hence a ``PytestUnraisableExceptionWarning
+    ... KeyboardInterrupt`` at the end of the run. Collected and frozen here,
+    while the controller still waits, the later collections have nothing to
+    walk."""
+    if "jax" in sys.modules:
+        sys.modules["jax"].clear_caches()
+    gc.collect()
+    gc.freeze()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """What the order-aware comparisons (tests/exactness.py) found, when any ran in this process."""
+    import exactness
+
+    line = exactness.summary()
+    if line:
+        terminalreporter.write_line(line)
