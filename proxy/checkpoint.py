@@ -29,7 +29,6 @@ import os
 import shutil
 import signal
 import threading
-import uuid
 import warnings
 from pathlib import Path
 
@@ -39,7 +38,7 @@ import orbax.checkpoint as ocp
 import pandas as pd
 
 from proxy.engine import Program, TrainState
-from proxy.storefiles import fsync_dir
+from proxy.storefiles import fsync_dir, owner_gone, tmp_name
 
 __all__ = ["save", "restore", "steps", "template", "clean", "CheckpointSink", "CheckpointError", "CheckpointWarning"]
 
@@ -84,11 +83,6 @@ def template(program: Program, dyn) -> TrainState:
     return state
 
 
-def tmp_name(final: str) -> str:
-    """A temporary sibling name of ``final`` owned by this process (see :func:`clean`)."""
-    return f"{_TMP}{os.getpid()}-{uuid.uuid4().hex[:8]}-{final}"
-
-
 def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` exists (on this host)."""
     try:
@@ -101,8 +95,9 @@ def pid_alive(pid: int) -> bool:
 
 
 def clean(directory) -> list[Path]:
-    """Remove leftovers of killed writers (``.tmp-<pid>-…`` entries whose
-    process is gone) directly under ``directory``; returns what was removed."""
+    """Remove leftovers of killed writers (``.tmp-<pid>@<host>-…`` entries
+    whose process, on this host, is gone) directly under ``directory``;
+    returns what was removed."""
     directory = Path(directory)
     removed = []
     if not directory.is_dir():
@@ -110,11 +105,7 @@ def clean(directory) -> list[Path]:
     for p in directory.iterdir():
         if not p.name.startswith(_TMP):
             continue
-        try:
-            pid = int(p.name[len(_TMP):].split("-", 1)[0])
-        except ValueError:
-            continue
-        if pid != os.getpid() and not pid_alive(pid):
+        if owner_gone(p.name[len(_TMP):].split("-", 1)[0]):
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
             removed.append(p)
     return removed

@@ -418,10 +418,16 @@ def sweep(config: Config, *, store=None, force: bool = False, progress: bool = T
                 at = min(m.start for m in group)
                 group = [_prepare_member(todo[k], st, k, force or at == 0, at=at) for k in ks]
             runs = run_members(group, group[0].start, bar=bar, shard=shard, twins=twins)
+            failed = []
             for k, run in zip(ks, runs):
                 notify(run.config)
                 run.info["sweep_group_size"] = len(ks)
                 if twins:
                     run.info["shared_reference"] = len(ks)
-                results[k] = st.save(run, k) if st is not None else run
+                try:
+                    results[k] = st.save(run, k) if st is not None else run
+                except _store.SaveError as e:  # save the group's other members all the same
+                    failed.append(e)
+            if failed:
+                raise _store.SaveError("; ".join(str(e) for e in failed), failed[0].run, failed[0].kept)
     return Sweep(config, axes, configs, [results[k] for k in keys])

@@ -11,7 +11,7 @@ step, see :func:`entry_key`):
 - ``run.json`` — diverged_at, wall time, provenance and the code version (a
   hash of the numerics modules' source), written last.
 
-A run trains in ``<root>/<key>.partial-<pid>/``, a folder of the training
+A run trains in ``<root>/<key>.partial-<pid>@<host>/``, a folder of the training
 process's own (its checkpoints land there), and is promoted to
 ``<root>/<key>/`` only when complete, under a per-key file lock: an older
 entry (a stale one, made by other numerics code, or one being retrained with
@@ -21,11 +21,16 @@ to finish wins; the others' identical results are dropped). A later process
 adopts the training folder of a killed one, so an interrupted run resumes
 from its last checkpoint.
 
-Loading verifies an entry: its config must hash to its key (an edited
+Loading verifies an entry (:func:`proxy.storefiles.read_entry`, the one
+reader of every file): its config must hash to its key (an edited
 ``config.json`` is reported, not silently returned as the answer to another
-config), its files must parse (a truncated file is reported), and its code
-version must be this code's (a stale entry is retrained). Each problem is one
-:class:`StoreWarning` naming the entry, and the run is trained again.
+config), its files must parse and have their types and sizes (a truncated
+file, a ``run.json`` that is not an object, a metrics table short of rows, a
+missing ``params.npz`` are reported), and its code version must be this
+code's (a stale entry is retrained). Each problem is one
+:class:`StoreWarning` naming the file, and the run is trained again. Files are
+written atomically and fsync'ed; a save that fails anyway writes the run
+elsewhere and raises :class:`SaveError` saying where.
 
 Why Parquet (pyarrow) rather than NetCDF (xarray): the metrics are a flat
 table (step × named scalar columns, per-block values already split into
@@ -152,21 +157,17 @@ class Store:
 
     def partial(self, key: str) -> Path:
         """Where this process trains the run of ``key`` until it is complete."""
-        return self.root / f"{key}.partial-{os.getpid()}"
+        return self.root / f"{key}.partial-{files.mark()}"
 
     def checkpoint_dir(self, key: str) -> Path:
-        """Checkpoints of a run this process is training (``<key>.partial-<pid>/checkpoints``)."""
+        """Checkpoints of a run this process is training (``<key>.partial-<pid>@<host>/checkpoints``)."""
         return self.partial(key) / "checkpoints"
 
     def _orphans(self, key: str) -> list[Path]:
         """Training folders of ``key`` left by processes that are gone."""
         out = []
         for p in self.root.glob(f"{key}.partial-*"):
-            try:
-                pid = int(p.name.rsplit("-", 1)[1])
-            except ValueError:
-                continue
-            if pid != os.getpid() and not ckpt.pid_alive(pid):
+            if files.owner_gone(p.name.rsplit(".partial-", 1)[1]):  # a live process's, or another host's: not ours
                 out.append(p)
         return out
 

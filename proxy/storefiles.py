@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import uuid
 import zipfile
 from pathlib import Path
@@ -24,9 +25,36 @@ import pandas as pd
 from proxy.config import Config
 from proxy.run import Run
 
-__all__ = ["EntryError", "atomic_write", "fsync_dir", "read_meta", "read_entry", "flatten", "unflatten"]
+__all__ = ["EntryError", "atomic_write", "fsync_dir", "read_meta", "read_entry", "flatten", "unflatten", "mark",
+           "owner_gone", "tmp_name"]
 
 _TMP = ".tmp-"
+_HOST = "".join(c if c.isalnum() else "_" for c in socket.gethostname()) or "host"
+
+
+def mark() -> str:
+    """This process's mark in the names of what it writes: ``<pid>@<host>``."""
+    return f"{os.getpid()}@{_HOST}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def owner_gone(text: str) -> bool:
+    """Whether the process of mark ``text`` (``<pid>@<host>``, or a bare
+    ``<pid>`` of this host) is gone: only a process of this host can be
+    judged, so another host's marks are never taken for dead ones."""
+    pid, _, host = text.partition("@")
+    if not pid.isdigit() or (host and host != _HOST):
+        return False
+    return int(pid) != os.getpid() and not _pid_alive(int(pid))
 
 
 class EntryError(ValueError):
@@ -35,7 +63,7 @@ class EntryError(ValueError):
 
 def tmp_name(final: str) -> str:
     """A temporary sibling name of ``final`` owned by this process."""
-    return f"{_TMP}{os.getpid()}-{uuid.uuid4().hex[:8]}-{final}"
+    return f"{_TMP}{mark()}-{uuid.uuid4().hex[:8]}-{final}"
 
 
 def fsync_dir(path) -> None:

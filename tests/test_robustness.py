@@ -83,6 +83,19 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_good_one(tmp_path,
     np.testing.assert_array_equal(run.metrics["loss"].to_numpy(), stored.metrics["loss"].to_numpy())
 
 
+def test_marks_of_another_host_are_never_taken_for_dead(tmp_path):
+    pid = dead_pid()
+    theirs = [tmp_path / f".tmp-{pid}@otherhost-cafe-x", tmp_path / f"{BASE.hash()}.partial-{pid}@otherhost"]
+    ours = [tmp_path / f".tmp-{pid}@{S.files._HOST}-cafe-x", tmp_path / f"{BASE.hash()}.partial-{pid}"]
+    for p in theirs + ours:
+        p.mkdir()
+    st = S.Store(tmp_path)
+    assert st._orphans(BASE.hash()) == [ours[1]]
+    st.clean()
+    assert all(p.exists() for p in theirs) and not any(p.exists() for p in ours)
+    assert st.partial(BASE.hash()).name.endswith(f"{os.getpid()}@{S.files._HOST}")
+
+
 # 2, 3 --------------------------------------------------------------------- one verified reader
 
 
