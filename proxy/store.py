@@ -243,7 +243,11 @@ class Store:
                     continue
         cdir = part / "checkpoints"
         for step in ckpt.steps(cdir):
-            if ckpt.meta(cdir, step).get("code_version") != code_version():
+            m = ckpt.meta(cdir, step)
+            if not m:
+                warnings.warn(f"checkpoint {cdir / f'step_{step:09d}'} is damaged (its meta.json does not parse); "
+                              f"dropped, resuming from an earlier one", StoreWarning, stacklevel=3)
+            if m.get("code_version") != code_version():
                 shutil.rmtree(cdir / f"step_{step:09d}", ignore_errors=True)
         part.mkdir(parents=True, exist_ok=True)
         return part
