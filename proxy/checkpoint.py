@@ -22,11 +22,14 @@ in :attr:`proxy.Run.checkpoints`.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import shutil
-import uuid
+import signal
+import threading
+import warnings
 from pathlib import Path
 
 import jax
@@ -35,8 +38,36 @@ import orbax.checkpoint as ocp
 import pandas as pd
 
 from proxy.engine import Program, TrainState
+from proxy.storefiles import fsync_dir, owner_gone, tmp_name
 
-__all__ = ["save", "restore", "steps", "template", "clean", "CheckpointSink"]
+__all__ = ["save", "restore", "steps", "template", "clean", "CheckpointSink", "CheckpointError", "CheckpointWarning"]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be restored (damaged, truncated, foreign); the message names it."""
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint folder holds something that is not a checkpoint, or a damaged one that was skipped."""
+
+
+@contextlib.contextmanager
+def _deferred_interrupt():
+    """Hold a Ctrl-C (SIGINT) that arrives inside the block until it ends:
+    a checkpoint is written whole or not at all, and orbax's writer threads
+    are never torn down mid-write (no traceback of theirs)."""
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda *a: caught.append(a))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 _PREFIX = "step_"
 _TMP = ".tmp-"
@@ -52,11 +83,6 @@ def template(program: Program, dyn) -> TrainState:
     return state
 
 
-def tmp_name(final: str) -> str:
-    """A temporary sibling name of ``final`` owned by this process (see :func:`clean`)."""
-    return f"{_TMP}{os.getpid()}-{uuid.uuid4().hex[:8]}-{final}"
-
-
 def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` exists (on this host)."""
     try:
@@ -69,8 +95,9 @@ def pid_alive(pid: int) -> bool:
 
 
 def clean(directory) -> list[Path]:
-    """Remove leftovers of killed writers (``.tmp-<pid>-…`` entries whose
-    process is gone) directly under ``directory``; returns what was removed."""
+    """Remove leftovers of killed writers (``.tmp-<pid>@<host>-…`` entries
+    whose process, on this host, is gone) directly under ``directory``;
+    returns what was removed."""
     directory = Path(directory)
     removed = []
     if not directory.is_dir():
@@ -78,11 +105,7 @@ def clean(directory) -> list[Path]:
     for p in directory.iterdir():
         if not p.name.startswith(_TMP):
             continue
-        try:
-            pid = int(p.name[len(_TMP):].split("-", 1)[0])
-        except ValueError:
-            continue
-        if pid != os.getpid() and not pid_alive(pid):
+        if owner_gone(p.name[len(_TMP):].split("-", 1)[0]):
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
             removed.append(p)
     return removed
@@ -95,24 +118,30 @@ def save(directory, step: int, state: TrainState, metrics: pd.DataFrame | None =
     directory.mkdir(parents=True, exist_ok=True)
     final = _step_dir(directory, step)
     tmp = directory / tmp_name(final.name)
-    tmp.mkdir()
-    try:
-        state = jax.device_get(state)
-        with ocp.StandardCheckpointer() as ckptr:
-            ckptr.save((tmp / "state").absolute(), state)
-            ckptr.wait_until_finished()
-        if metrics is not None:
-            metrics.to_parquet(tmp / "metrics.parquet", index=False)
-        (tmp / "meta.json").write_text(json.dumps({"step": int(step), **(meta or {})}, sort_keys=True))
+    with _deferred_interrupt():
+        tmp.mkdir()
         try:
-            os.rename(tmp, final)
-        except OSError as e:  # the step exists: another writer finished it first
-            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                raise
+            state = jax.device_get(state)
+            with ocp.StandardCheckpointer() as ckptr:
+                ckptr.save((tmp / "state").absolute(), state)
+                ckptr.wait_until_finished()
+            if metrics is not None:
+                metrics.to_parquet(tmp / "metrics.parquet", index=False)
+            (tmp / "meta.json").write_text(json.dumps({"step": int(step), **(meta or {})}, sort_keys=True))
+            for f in tmp.rglob("*"):  # durable before the rename makes the checkpoint visible
+                if f.is_file():
+                    with open(f, "rb+") as fh:
+                        os.fsync(fh.fileno())
+            try:
+                os.rename(tmp, final)
+                fsync_dir(directory)
+            except OSError as e:  # the step exists: another writer finished it first
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)
+        except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            raise
     return final
 
 
@@ -123,8 +152,14 @@ def steps(directory) -> list[int]:
         return []
     out = []
     for p in directory.iterdir():
-        if p.name.startswith(_PREFIX) and (p / "meta.json").exists():
-            out.append(int(p.name[len(_PREFIX):]))
+        if p.name.startswith(_TMP):
+            continue
+        digits = p.name[len(_PREFIX):]
+        if not (p.name.startswith(_PREFIX) and digits.isdigit() and p.is_dir()):
+            warnings.warn(f"{p} is not a checkpoint (expected step_<digits>/ folders only); ignored",
+                          CheckpointWarning, stacklevel=2)
+        elif (p / "meta.json").exists():
+            out.append(int(digits))
     return sorted(out)
 
 
@@ -143,10 +178,25 @@ def restore(directory, step: int, target: TrainState) -> tuple[TrainState, pd.Da
     if not (path / "meta.json").exists():
         raise ValueError(f"no checkpoint at step {step} in {directory}; available: {steps(directory) or 'none'}")
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), target)
-    with ocp.StandardCheckpointer() as ckptr:
-        state = ckptr.restore((path / "state").absolute(), abstract)
-    state = jax.tree.map(np.asarray, state)
-    metrics = pd.read_parquet(path / "metrics.parquet") if (path / "metrics.parquet").exists() else None
+    try:
+        m = json.loads((path / "meta.json").read_text())
+        if not isinstance(m, dict) or m.get("step") != step:
+            raise ValueError(f"meta.json {m!r} is not that of step {step}")
+        with _deferred_interrupt(), ocp.StandardCheckpointer() as ckptr:
+            state = ckptr.restore((path / "state").absolute(), abstract)
+        state = jax.tree.map(np.asarray, state)
+        bad = [a.shape for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(abstract)) if a.shape != b.shape]
+        if bad or jax.tree.structure(state) != jax.tree.structure(abstract):
+            raise ValueError("its state does not have this run's shapes")
+        metrics = pd.read_parquet(path / "metrics.parquet") if (path / "metrics.parquet").exists() else None
+        if metrics is not None and (len(metrics) != step or "step" not in metrics
+                                    or not np.array_equal(metrics["step"].to_numpy(), np.arange(step))):
+            raise ValueError(f"metrics.parquet has {len(metrics)} rows, not one per step before {step}")
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # orbax, tensorstore, pyarrow and json raise their own types for damaged files
+        raise CheckpointError(f"checkpoint {path} is damaged ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]})") \
+            from None
     return state, metrics
 
 

@@ -13,7 +13,7 @@ from proxy import campaign, runner, scales
 from proxy.bench import BENCHMARKS, describe
 from proxy.cli_help import CHOICES, PlainFormatter, cli_message, config_help, flag, plain
 from proxy.config import Config
-from proxy.experiments_cli import add_experiment_commands, add_store_options, parse_bool, store_arg
+from proxy.experiments_cli import add_experiment_commands, add_store_options, guard, parse_bool, store_arg
 from proxy.figures import FIGURE_DOCS, FIGURES, campaign_figures, default_dir, generate
 
 
@@ -83,7 +83,7 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace, 
 def _train(args) -> int:
     cfg = config_from_args(args.parser, args)
     store = store_arg(args)
-    run = runner.train(cfg, store=store or None, force=args.force, progress=not args.quiet)
+    run = runner.train(cfg, store=store if store is not False else None, force=args.force, progress=not args.quiet)
     print(f"{run.summary()}" + (f" -> {run.path}" if run.path else ""))
     return 0
 
@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train one run into the run store (config.json, metrics.parquet, ...)")
     add_config_arguments(train)
     add_store_options(train, aliases=("--store", "--out"))
-    train.set_defaults(func=_train, parser=train)
+    train.set_defaults(func=guard(_train), parser=train)
 
     camp = sub.add_parser("campaign", help="run the paper's headline experiments at a scale (Figs. 2, 4, 5, 7)")
     camp.add_argument("--scale", required=True, choices=[n for n, s in scales.SCALES.items() if s.campaign],

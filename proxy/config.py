@@ -189,6 +189,13 @@ class Config:
                 object.__setattr__(self, f.name, float(v))
             elif isinstance(v, np.bool_):
                 object.__setattr__(self, f.name, bool(v))
+        _check_types(self)
+        try:
+            self._validate()
+        except TypeError as e:  # a value of a type no check above foresaw: still the caller's input
+            raise ValueError(f"invalid config value ({e})") from None
+
+    def _validate(self):
 
         def positive_int(name, allow_zero=False):
             v = getattr(self, name)
@@ -357,6 +364,26 @@ class Config:
     def hash(self) -> str:
         """A stable 16-hex-digit key of the full config (and the schema version)."""
         return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+
+def _check_types(config: Config) -> None:
+    """Refuse a value of the wrong type with a ValueError naming its field,
+    and normalize the numbers so that equal configs have one hash: a float
+    field holds a Python float (``lr=1`` is ``lr=1.0``, ``-0.0`` is 0.0)."""
+    for f in dataclasses.fields(config):
+        kind, v = str(f.type), getattr(config, f.name)
+        if v is None and kind.endswith("| None"):
+            continue
+        if kind == "float":
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ValueError(f"{f.name} must be a number, got {v!r} ({type(v).__name__})")
+            object.__setattr__(config, f.name, float(v) + 0.0)
+        elif kind in ("str", "str | None") and not isinstance(v, str):
+            raise ValueError(f"{f.name} must be a name (a string), got {v!r} ({type(v).__name__})")
+        elif kind in ("int", "int | None") and (isinstance(v, bool) or not isinstance(v, int)):
+            raise ValueError(f"{f.name} must be an integer, got {v!r} ({type(v).__name__})")
+        elif kind == "bool" and not isinstance(v, bool):
+            raise ValueError(f"{f.name} must be True or False, got {v!r} ({type(v).__name__})")
 
 
 def _field_list() -> str:

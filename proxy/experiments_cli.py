@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from pathlib import Path
+
+import jax
 
 from proxy import interventions, runner
 from proxy.cli_help import CHOICES, PlainFormatter, cli_message, config_help
@@ -27,7 +30,7 @@ from proxy.config import Config
 from proxy.recipe import MITIGATIONS
 
 __all__ = ["add_experiment_commands", "sweep_axes", "main", "parse_bool", "add_store_options", "store_arg",
-           "DEFAULT_STORE"]
+           "DEFAULT_STORE", "guard", "check_out"]
 
 DEFAULT_STORE = "runs"
 _OFF = ("off", "none", "no", "false", "0")
@@ -98,7 +101,26 @@ def store_arg(args):
     its default is none)."""
     if getattr(args, "no_store", False) or (args.store is not None and str(args.store).strip().lower() in _OFF):
         return False
+    if args.store is not None and not str(args.store).strip():
+        raise ValueError("--store needs a folder, got an empty one; --store off (or --no-store) keeps results in "
+                         "memory only")
     return args.store
+
+
+def check_out(path) -> Path:
+    """``--out FILE`` checked before any training: a .parquet or .csv file in
+    an existing, writable folder (not a folder itself)."""
+    out = Path(path).expanduser()
+    if out.suffix not in (".parquet", ".csv"):
+        raise ValueError(f"--out {path}: the file name must end in .parquet or .csv")
+    if out.is_dir():
+        raise ValueError(f"--out {path} is a folder; name a .parquet or .csv file")
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {path}: the folder {parent} does not exist or is not writable")
+    if out.exists() and not os.access(out, os.W_OK):
+        raise ValueError(f"--out {path} exists and is not writable")
+    return out
 
 
 def sweep_axes(args) -> tuple[Config, dict]:
@@ -121,6 +143,7 @@ def sweep_axes(args) -> tuple[Config, dict]:
 def _cmd_sweep(args) -> int:
     base, axes = sweep_axes(args)
     store = store_arg(args)
+    out = check_out(args.out) if args.out else None
     trained = []
     runner.hooks.append(trained.append)
     try:
@@ -136,8 +159,7 @@ def _cmd_sweep(args) -> int:
     print(result.summary())
     where = "" if store is False else f"; stored in {Path(result.runs[0].path).parent}"
     print(f"{len(result)} members ({len(trained)} trained, {len(result) - len(trained)} loaded){where}")
-    if args.out:
-        out = Path(args.out)
+    if out is not None:
         frame = result.to_frame()
         frame.to_csv(out, index=False) if out.suffix == ".csv" else frame.to_parquet(out, index=False)
         print(f"metrics of all members written to {out}")
@@ -163,12 +185,31 @@ def _cmd_intervene(args) -> int:
     return 0
 
 
-def _guard(fn):
+def _one_line(e: BaseException) -> str | None:
+    """The one-line message of an expected failure, or None for a bug."""
+    if isinstance(e, ValueError):
+        return cli_message(str(e))
+    if isinstance(e, OSError):  # a full disk, a folder gone; a SaveError says where the result is
+        return str(e) if e.strerror is None else f"{e.strerror}: {e.filename or ''}".rstrip(": ")
+    if isinstance(e, MemoryError) or (isinstance(e, jax.errors.JaxRuntimeError) and "RESOURCE_EXHAUSTED" in str(e)):
+        first = (str(e).splitlines() or [""])[0][:200]
+        return f"out of memory ({first or type(e).__name__}); use a smaller width, depth or batch (or fewer sweep " \
+               f"members per program: group_size)"
+    return None
+
+
+def guard(fn):
+    """``fn(args)`` with every expected failure (bad input, an unwritable
+    destination, a full disk, out of memory) one line on stderr and exit
+    status 2."""
     def run(args) -> int:
         try:
             return fn(args)
-        except ValueError as e:
-            print(f"proxy {args.command}: error: {cli_message(str(e))}", file=sys.stderr)
+        except (ValueError, OSError, MemoryError, jax.errors.JaxRuntimeError) as e:
+            line = _one_line(e)
+            if line is None:
+                raise
+            print(f"proxy {args.command}: error: {line}", file=sys.stderr)
             return 2
 
     return run
@@ -184,7 +225,7 @@ def add_experiment_commands(subparsers) -> None:
     add_store_options(sw)
     sw.add_argument("--no-shard", action="store_true", help="do not split members over several JAX devices")
     sw.add_argument("--out", default=None, metavar="FILE", help="write Sweep.to_frame() (.parquet or .csv)")
-    sw.set_defaults(func=_guard(_cmd_sweep))
+    sw.set_defaults(func=guard(_cmd_sweep))
 
     iv = subparsers.add_parser(
         "intervene", help="continue a stored run from a checkpoint with a change",
@@ -200,7 +241,7 @@ def add_experiment_commands(subparsers) -> None:
                     help=f"named mitigations: {', '.join(MITIGATIONS)}")
     _add_config_options(iv, interventions.INTERVENABLE_FIELDS, multi=False)
     add_store_options(iv, default=None)
-    iv.set_defaults(func=_guard(_cmd_intervene))
+    iv.set_defaults(func=guard(_cmd_intervene))
 
 
 def main(argv=None) -> int:

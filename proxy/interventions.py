@@ -10,6 +10,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from proxy import checkpoint as ckpt
+from proxy import memory as _memory
 from proxy import recipe as _recipes
 from proxy import recipe_json, runner
 from proxy import store as _store
@@ -30,6 +31,23 @@ def _parent_sink(run: Run) -> ckpt.CheckpointSink:
     if run.path is not None:
         return ckpt.CheckpointSink(Path(run.path) / "checkpoints")
     return ckpt.CheckpointSink(memory=run.checkpoints)
+
+
+def _check_parent(parent: Run, sink: ckpt.CheckpointSink, at_step: int) -> None:
+    """Refuse to splice a checkpoint onto a run it does not belong to: one made
+    by other numerics code, or of a config other than the parent's (an edited
+    ``config.json``)."""
+    if sink.directory is None:
+        return
+    meta = sink.meta(at_step)
+    where = sink.directory / f"step_{at_step:09d}"
+    if parent.info.get("stale") or meta.get("code_version") != _store.code_version():
+        raise ValueError(f"checkpoint {where} was made by other numerics code (code version "
+                         f"{meta.get('code_version')}, this code is {_store.code_version()}): continuing it would "
+                         f"splice old-code state onto new code; retrain the parent (proxy train --force)")
+    if meta.get("config_hash") != parent.config.hash():
+        raise ValueError(f"checkpoint {where} belongs to config {meta.get('config_hash')}, not to the parent's "
+                         f"config {parent.config.hash()} (config.json edited?); retrain the parent")
 
 
 def intervene(run: Run | str | Path, at_step: int, recipe: str | _recipes.Recipe | None = None, *,
@@ -89,6 +107,7 @@ def intervene(run: Run | str | Path, at_step: int, recipe: str | _recipes.Recipe
         raise ValueError(f"no checkpoint at step {at_step}; checkpoints at: {available or 'none'} "
                          f"(train the parent with checkpoint_at=({at_step},) or checkpoint_every=N, N dividing "
                          f"{at_step})")
+    _check_parent(parent, sink, at_step)
     new_recipe = _recipes.get(recipe) if recipe is not None else pc.recipe
     if applied:
         new_recipe = _recipes.mitigate(new_recipe, applied)
@@ -98,6 +117,7 @@ def intervene(run: Run | str | Path, at_step: int, recipe: str | _recipes.Recipe
     if child.diagnostics_every and at_step % child.diagnostics_every:
         raise ValueError(f"at_step {at_step} must be a multiple of diagnostics_every ({child.diagnostics_every})")
 
+    _memory.check(child)
     parent_key = parent.info.get("key", pc.hash())
     key = _store.entry_key(child, parent_key, at_step)
     if store is None and parent.path is not None:  # next to its parent

@@ -308,7 +308,35 @@ def _quantize_ste_jvp(spec, axis, primals, tangents):
     return _quantize_ste(x, spec, axis, rbits), tx  # straight-through estimator
 
 
-@functools.partial(jax.jit, static_argnames=("spec", "axis"))
+_EXACT_INT = 2 ** 24  # every integer of at most this magnitude is a float32
+
+
+def _exact_input(x):
+    """``x`` ready for the float32 bit arithmetic, never silently changed
+    beyond what the docstring of :func:`quantize` says: bool and integers
+    become float32 exactly, or are refused (a ValueError) when some value is
+    not a float32 (magnitude above 2**24) -- before JAX could wrap an int64
+    into int32; floats pass (float64 rounds to float32, to nearest even)."""
+    if isinstance(x, jax.core.Tracer):
+        dt = np.dtype(x.dtype)
+        if dt.kind in "iu" and dt.itemsize > 2:
+            raise ValueError(f"quantize of a traced {dt} array: its values cannot be checked to be exact in "
+                             f"float32 (|x| <= 2**24); cast it to float32 first")
+        return x
+    a = np.asarray(x)
+    if a.dtype.kind == "b":
+        return a.astype(np.float32)
+    if a.dtype.kind in "iu":
+        if a.size and (int(a.max()) > _EXACT_INT or int(a.min()) < -_EXACT_INT):
+            big = a.flat[int(np.argmax(np.abs(a.astype(np.float64))))]
+            raise ValueError(f"quantize of {a.dtype} values up to {big}: integers above 2**24 in magnitude are not "
+                             f"exact in float32 (the grid's input); scale them or cast to float32 yourself")
+        return a.astype(np.float32)
+    if not jnp.issubdtype(a.dtype, jnp.floating):
+        raise ValueError(f"quantize needs a real array, got dtype {a.dtype}")
+    return x
+
+
 def quantize(x, spec: MXSpec, axis: int = -1, key=None) -> jax.Array:
     """Fake-quantize ``x`` onto the grid of ``spec`` (see the module docstring).
 
@@ -325,20 +353,36 @@ def quantize(x, spec: MXSpec, axis: int = -1, key=None) -> jax.Array:
       float32 array of ``x``'s shape: each value exactly representable as
       element * 2**e (E8M0), or ``fl((element * s) * G)`` (E4M3, NVFP4).
       Differentiable as the identity (straight-through).
+
+    Input dtypes: float32, float16 and bfloat16 are exact; float64 rounds to
+    float32 first (to nearest even); bool and integer arrays convert exactly,
+    and an integer beyond 2**24 in magnitude (not a float32) is a ValueError,
+    as is a traced integer array wider than 16 bits (its values cannot be
+    checked).
     """
+    return _quantize_jit(_exact_input(x), spec, axis, key)
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "axis"))
+def _quantize_jit(x, spec: MXSpec, axis: int = -1, key=None) -> jax.Array:
     x, ax = _prepare(x, spec, axis, key)
     rbits = _random_bits(key, x.shape) if spec.rounding == "stochastic" else None
     return _quantize_ste(x, spec, ax, rbits)
 
 
-@functools.partial(jax.jit, static_argnames=("spec", "axis"))
 def quantize_stats(x, spec: MXSpec, axis: int = -1, key=None) -> QuantStats:
     """The overflow diagnostics of ``quantize(x, spec, axis, key)``.
 
     Uses the same code path as :func:`quantize`, so the counts agree with
     what it did. See :class:`QuantStats` (for E4M3 scales: clamped means
     ``v > 6``, last bin ``q == 6``, flushed includes zero-scale blocks).
+    Input dtypes as :func:`quantize`.
     """
+    return _quantize_stats_jit(_exact_input(x), spec, axis, key)
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "axis"))
+def _quantize_stats_jit(x, spec: MXSpec, axis: int = -1, key=None) -> QuantStats:
     x, ax = _prepare(x, spec, axis, key)
     rbits = _random_bits(key, x.shape) if spec.rounding == "stochastic" else None
     n = max(int(np.prod(x.shape)), 1)

@@ -29,7 +29,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import shutil
 import time
+import warnings
 from typing import Callable
 
 import jax
@@ -38,6 +40,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from proxy import checkpoint as ckpt
+from proxy import memory as _memory
 from proxy import store as _store
 from proxy import twins as _twins
 from proxy.config import Config
@@ -309,12 +312,18 @@ def _prepare_member(config: Config, st: "_store.Store | None", key: str, force: 
     sink = ckpt.CheckpointSink(st.checkpoint_dir(key))
     done = [s for s in sink.steps() if s <= (config.steps if at is None else at)
             and sink.meta(s).get("config_hash") == config.hash()]
-    frames = []
-    if done:
-        state, past = sink.restore(done[-1], ckpt.template(program_for(config), dynamic_for(config)))
+    frames, start = [], 0
+    for step in reversed(done):  # the newest checkpoint that restores; a damaged one is dropped
+        try:
+            state, past = sink.restore(step, ckpt.template(program_for(config), dynamic_for(config)))
+        except ckpt.CheckpointError as e:
+            warnings.warn(f"{e}; dropped, resuming from an earlier one", _store.StoreWarning, stacklevel=3)
+            shutil.rmtree(sink.directory / f"step_{step:09d}", ignore_errors=True)
+            continue
         frames = [past] if past is not None and len(past) else []
-        info["resumed_from"] = done[-1]
-    return Member(config, state, teacher, sink, done[-1] if done else 0, frames, info)
+        info["resumed_from"] = start = step
+        break
+    return Member(config, state, teacher, sink, start, frames, info)
 
 
 def train(config: Config, *, store=None, force: bool = False, progress: bool = True,
@@ -334,12 +343,13 @@ def train(config: Config, *, store=None, force: bool = False, progress: bool = T
     st = _store.resolve(store)
     key = config.hash()
     if st is not None:
-        st.check_writable()
+        st.check_writable(key)
         st.clean()
         if not force:
             run = st.load(key)
             if run is not None:
                 return run
+    _memory.check(config)
     member = _prepare_member(config, st, key, force)
     with tqdm(total=config.steps, initial=member.start, disable=not progress, desc=config.recipe.name, unit="step",
               leave=False) as bar:
@@ -349,7 +359,9 @@ def train(config: Config, *, store=None, force: bool = False, progress: bool = T
 
 
 def load(path) -> Run:
-    """A stored run from its folder (``<store>/<key>``)."""
+    """A stored run from its folder (``<store>/<key>``), verified (see
+    :func:`proxy.store.load_dir`: a damaged, incomplete or edited entry
+    raises a ValueError, a stale one warns)."""
     return _store.load_dir(path)
 
 
@@ -406,6 +418,8 @@ def sweep(config: Config, *, store=None, force: bool = False, progress: bool = T
     for ks in groups.values():
         size = group_size or len(ks)
         chunks += [(ks[i:i + size], False) for i in range(0, len(ks), size)]
+    for ks, _ in chunks:
+        _memory.check(todo[ks[0]], members=len(ks))
     total = sum(c.steps for c in todo.values())
     with tqdm(total=total, disable=not progress or not total, desc=f"sweep ({len(todo)} to train)", unit="step",
               leave=False) as bar:
@@ -415,10 +429,16 @@ def sweep(config: Config, *, store=None, force: bool = False, progress: bool = T
                 at = min(m.start for m in group)
                 group = [_prepare_member(todo[k], st, k, force, at=at) for k in ks]
             runs = run_members(group, group[0].start, bar=bar, shard=shard, twins=twins)
+            failed = []
             for k, run in zip(ks, runs):
                 notify(run.config)
                 run.info["sweep_group_size"] = len(ks)
                 if twins:
                     run.info["shared_reference"] = len(ks)
-                results[k] = st.save(run, k) if st is not None else run
+                try:
+                    results[k] = st.save(run, k) if st is not None else run
+                except _store.SaveError as e:  # save the group's other members all the same
+                    failed.append(e)
+            if failed:
+                raise _store.SaveError("; ".join(str(e) for e in failed), failed[0].run, failed[0].kept)
     return Sweep(config, axes, configs, [results[k] for k in keys])

@@ -11,7 +11,7 @@ step, see :func:`entry_key`):
 - ``run.json`` — diverged_at, wall time, provenance and the code version (a
   hash of the numerics modules' source), written last.
 
-A run trains in ``<root>/<key>.partial-<pid>/``, a folder of the training
+A run trains in ``<root>/<key>.partial-<pid>@<host>/``, a folder of the training
 process's own (its checkpoints land there), and is promoted to
 ``<root>/<key>/`` only when complete, under a per-key file lock: an older
 entry (a stale one, made by other numerics code, or one being retrained with
@@ -21,11 +21,16 @@ to finish wins; the others' identical results are dropped). A later process
 adopts the training folder of a killed one, so an interrupted run resumes
 from its last checkpoint.
 
-Loading verifies an entry: its config must hash to its key (an edited
+Loading verifies an entry (:func:`proxy.storefiles.read_entry`, the one
+reader of every file): its config must hash to its key (an edited
 ``config.json`` is reported, not silently returned as the answer to another
-config), its files must parse (a truncated file is reported), and its code
-version must be this code's (a stale entry is retrained). Each problem is one
-:class:`StoreWarning` naming the entry, and the run is trained again.
+config), its files must parse and have their types and sizes (a truncated
+file, a ``run.json`` that is not an object, a metrics table short of rows, a
+missing ``params.npz`` are reported), and its code version must be this
+code's (a stale entry is retrained). Each problem is one
+:class:`StoreWarning` naming the file, and the run is trained again. Files are
+written atomically and fsync'ed; a save that fails anyway writes the run
+elsewhere and raises :class:`SaveError` saying where.
 
 Why Parquet (pyarrow) rather than NetCDF (xarray): the metrics are a flat
 table (step × named scalar columns, per-block values already split into
@@ -42,19 +47,19 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 import warnings
-import zipfile
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from proxy import checkpoint as ckpt
+from proxy import storefiles as files
 from proxy.config import Config
 from proxy.run import Run
 from proxy.version import __version__
 
-__all__ = ["Store", "StoreWarning", "resolve", "code_version", "entry_key", "load_dir"]
+__all__ = ["Store", "StoreWarning", "SaveError", "resolve", "code_version", "entry_key", "load_dir"]
 
 # The modules whose code decides a run's numbers: a stored run made by other
 # code is stale and is trained again rather than loaded.
@@ -67,6 +72,19 @@ _CODE = None
 class StoreWarning(UserWarning):
     """A run-store entry that cannot be used as it is (damaged, edited or
     stale); the run is trained again."""
+
+
+class SaveError(OSError):
+    """A trained run that could not be written into its store. ``run`` holds
+    it (in memory) and ``kept`` names the folder it was written to instead
+    (``None`` when that failed too)."""
+
+    def __init__(self, message, run: Run, kept: Path | None):
+        super().__init__(message)
+        self.run, self.kept = run, kept
+
+    def __str__(self):
+        return self.args[0]
 
 
 def code_version() -> str:
@@ -102,44 +120,27 @@ def resolve(store) -> "Store | None":
     if isinstance(store, Store):
         return store
     if isinstance(store, (str, os.PathLike)):
+        if not str(os.fspath(store)).strip():
+            raise ValueError("store must name a folder, got an empty path; pass store=None (or --store off) to "
+                             "keep results in memory")
         return Store(store)
     raise ValueError(f"store must be a folder path, a proxy.store.Store, or None (memory only), got {store!r}")
 
 
-def _atomic_write(path: Path, write):
-    """``write(tmp_path)`` then rename onto ``path``."""
-    tmp = path.with_name(ckpt.tmp_name(path.name))
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+def _write_entry(d: Path, run: Run, meta: dict) -> None:
+    """Write the files of ``run`` into folder ``d``, each atomically and
+    durably, ``run.json`` last."""
+    d.mkdir(parents=True, exist_ok=True)
+    files.atomic_write(d / "config.json",
+                       lambda p: p.write_text(json.dumps(run.config.to_dict(), indent=1, sort_keys=True)))
+    files.atomic_write(d / "metrics.parquet", lambda p: run.metrics.to_parquet(p, index=False))
 
-
-def _flatten(tree, prefix=""):
-    out = {}
-    for k, v in tree.items():
-        name = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, name + "/"))
-        else:
-            out[name] = np.asarray(v)
-    return out
-
-
-def _unflatten(flat):
-    tree: dict = {}
-    for name, v in flat.items():
-        node = tree
-        *parents, leaf = name.split("/")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = v
-    return tree
-
-
-_DAMAGE = (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, EOFError)
+    def write_params(p):
+        with open(p, "wb") as f:
+            np.savez(f, **files.flatten(run.params))
+    files.atomic_write(d / "params.npz", write_params)
+    files.atomic_write(d / "run.json", lambda p: p.write_text(json.dumps(meta, indent=1, sort_keys=True,
+                                                                         default=str)))
 
 
 class Store:
@@ -156,21 +157,17 @@ class Store:
 
     def partial(self, key: str) -> Path:
         """Where this process trains the run of ``key`` until it is complete."""
-        return self.root / f"{key}.partial-{os.getpid()}"
+        return self.root / f"{key}.partial-{files.mark()}"
 
     def checkpoint_dir(self, key: str) -> Path:
-        """Checkpoints of a run this process is training (``<key>.partial-<pid>/checkpoints``)."""
+        """Checkpoints of a run this process is training (``<key>.partial-<pid>@<host>/checkpoints``)."""
         return self.partial(key) / "checkpoints"
 
     def _orphans(self, key: str) -> list[Path]:
         """Training folders of ``key`` left by processes that are gone."""
         out = []
         for p in self.root.glob(f"{key}.partial-*"):
-            try:
-                pid = int(p.name.rsplit("-", 1)[1])
-            except ValueError:
-                continue
-            if pid != os.getpid() and not ckpt.pid_alive(pid):
+            if files.owner_gone(p.name.rsplit(".partial-", 1)[1]):  # a live process's, or another host's: not ours
                 out.append(p)
         return out
 
@@ -182,17 +179,26 @@ class Store:
             return []
         return sorted(p.name for p in self.root.iterdir() if (p / "run.json").exists() and "." not in p.name)
 
-    def check_writable(self):
-        """Raise a ValueError naming the folder unless runs can be written
-        there (checked before any training, so no result is thrown away)."""
+    def check_writable(self, key: str | None = None):
+        """Raise a ValueError naming the place at fault unless runs can be
+        written there: the folder, its ``.locks`` and, given a ``key``, the
+        entry's path (checked before any training, so no result is thrown away)."""
+        where = self.root
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            probe = self.root / ckpt.tmp_name("probe")
-            probe.write_text("")
-            probe.unlink()
+            for where in [self.root, self.root / ".locks"]:
+                where.mkdir(exist_ok=True)
+                probe = where / ckpt.tmp_name("probe")
+                probe.write_text("")
+                probe.unlink()
+            if key is not None:
+                for where in (self.path(key), self.root / ".locks" / f"{key}.lock"):
+                    if where.exists() and where.is_dir() == where.name.endswith(".lock"):
+                        raise NotADirectoryError(0, "a file, not a folder" if where.is_file() else
+                                                 "a folder, not a lock file")
         except OSError as e:
-            raise ValueError(f"run store {self.root} is not writable ({e.strerror or e}); pass another folder, "
-                             f"or store=None to keep results in memory") from None
+            raise ValueError(f"run store {self.root} is not writable: {where} ({e.strerror or e}); pass another "
+                             f"folder, or store=None to keep results in memory") from None
 
     def clean(self) -> list[Path]:
         """Remove leftovers of killed writers in the store, its entries and
@@ -237,29 +243,45 @@ class Store:
                     continue
         cdir = part / "checkpoints"
         for step in ckpt.steps(cdir):
-            if ckpt.meta(cdir, step).get("code_version") != code_version():
+            m = ckpt.meta(cdir, step)
+            if not m:
+                warnings.warn(f"checkpoint {cdir / f'step_{step:09d}'} is damaged (its meta.json does not parse); "
+                              f"dropped, resuming from an earlier one", StoreWarning, stacklevel=3)
+            if m.get("code_version") != code_version():
                 shutil.rmtree(cdir / f"step_{step:09d}", ignore_errors=True)
         part.mkdir(parents=True, exist_ok=True)
         return part
 
     def save(self, run: Run, key: str) -> Run:
         """Write ``run`` as the entry ``key`` (see the module docstring);
-        returns it with ``path`` and ``info["key"]`` set."""
-        self.check_writable()
+        returns it with ``path`` and ``info["key"]`` set. If it cannot be
+        written (a full disk, a folder gone), it is written to a fresh folder
+        under the system's temporary folder instead and a :class:`SaveError`
+        says where (its ``run`` holds the result in memory)."""
         part = self.partial(key)
-        part.mkdir(parents=True, exist_ok=True)
-        _atomic_write(part / "config.json",
-                      lambda p: p.write_text(json.dumps(run.config.to_dict(), indent=1, sort_keys=True)))
-        _atomic_write(part / "metrics.parquet", lambda p: run.metrics.to_parquet(p, index=False))
-        if run.params is not None:
-            def write_params(p):
-                with open(p, "wb") as f:
-                    np.savez(f, **_flatten(run.params))
-            _atomic_write(part / "params.npz", write_params)
         info = dict(run.info, key=key)
-        meta = {"diverged_at": run.diverged_at, "wall_time_s": run.wall_time_s, "info": info,
+        meta = {"diverged_at": run.diverged_at, "wall_time_s": float(run.wall_time_s), "info": info,
                 "proxy_version": __version__, "code_version": code_version()}
-        _atomic_write(part / "run.json", lambda p: p.write_text(json.dumps(meta, indent=1, sort_keys=True, default=str)))
+        try:
+            _write_entry(part, run, meta)
+            final = self._promote(key, part)
+        except OSError as e:
+            run.info = info
+            kept = None
+            try:
+                kept = Path(tempfile.mkdtemp(prefix=f"proxy-unsaved-{key}-"))
+                _write_entry(kept, run, meta)
+            except OSError:
+                kept = None
+            where = f"it is kept in {kept} (proxy.load that folder, or copy it into the store as {key}/)" \
+                if kept is not None else "it could not be written anywhere and is kept only in memory (SaveError.run)"
+            raise SaveError(f"could not save run {key} into {self.root} ({e.strerror or e}); {where}", run,
+                            kept) from e
+        run.info = info
+        run.path = str(final)
+        return run
+
+    def _promote(self, key: str, part: Path) -> Path:
         final = self.path(key)
         with self._lock(key):
             if self._usable(key, quiet=True) is not None:  # another process finished it: keep theirs
@@ -270,11 +292,10 @@ class Store:
                     old = self.root / ckpt.tmp_name(f"old-{key}")
                     os.rename(final, old)
                 os.rename(part, final)
+                files.fsync_dir(self.root)
                 if old is not None:
                     shutil.rmtree(old, ignore_errors=True)
-        run.info = info
-        run.path = str(final)
-        return run
+        return final
 
     def load(self, key: str) -> Run | None:
         """The stored run of ``key``, or ``None`` if there is no usable entry
@@ -293,36 +314,40 @@ class Store:
             return None
 
         try:
-            meta = json.loads((d / "run.json").read_text())
-            if meta.get("code_version") != code_version():
+            meta = files.read_meta(d)
+            if meta["code_version"] != code_version():
                 return report("made by other numerics code (stale; kept until the new run replaces it)")
-            run = load_dir(d)
-        except _DAMAGE as e:
-            return report(f"damaged ({type(e).__name__}: {e})")
-        except Exception as e:  # pyarrow raises its own error types for truncated files
-            if type(e).__module__.startswith("pyarrow"):
-                return report(f"damaged ({type(e).__name__}: {e})")
-            raise
-        iv = run.info.get("intervention") or {}
-        expected = entry_key(run.config, run.info.get("parent"), iv.get("at_step")) if run.info.get("parent") \
-            else run.config.hash()
+            run = files.read_entry(d, meta)
+        except files.EntryError as e:
+            return report(f"damaged or incomplete: {e}")
+        expected = _expected_key(run)
         if expected != key:
             return report(f"its config.json hashes to {expected}, not to its key (edited?)")
         return run
 
 
+def _expected_key(run: Run) -> str:
+    iv = run.info.get("intervention") or {}
+    if run.info.get("parent"):
+        return entry_key(run.config, run.info.get("parent"), iv.get("at_step"))
+    return run.config.hash()
+
+
 def load_dir(d) -> Run:
-    """Load a stored run from its folder (``<root>/<key>``); raises on a
-    missing or damaged entry."""
+    """Load a stored run from its folder (``<root>/<key>``), every file
+    verified. Raises a ValueError on a missing, damaged or incomplete entry
+    and on one whose ``config.json`` no longer hashes to its key (edited);
+    an entry made by other numerics code loads with a :class:`StoreWarning`
+    (its numbers are not this code's; ``intervene`` refuses to continue it)."""
     d = Path(d).expanduser().resolve()
-    if not (d / "run.json").exists():
-        raise ValueError(f"{d} is not a complete stored run (no run.json)")
-    meta = json.loads((d / "run.json").read_text())
-    config = Config.from_dict(json.loads((d / "config.json").read_text()))
-    metrics = pd.read_parquet(d / "metrics.parquet")
-    params = None
-    if (d / "params.npz").exists():
-        with np.load(d / "params.npz") as z:
-            params = _unflatten({k: z[k] for k in z.files})
-    return Run(config, metrics, meta["diverged_at"], params, meta.get("wall_time_s", 0.0), meta.get("info", {}),
-               path=str(d))
+    meta = files.read_meta(d)
+    run = files.read_entry(d, meta)
+    expected, recorded = _expected_key(run), run.info.get("key", d.name)
+    if expected != recorded:
+        raise files.EntryError(f"{d / 'config.json'} hashes to {expected}, not to the run's key {recorded} "
+                               f"(edited?); train that config instead")
+    if meta["code_version"] != code_version():
+        warnings.warn(f"run {d} was made by other numerics code (code version {meta['code_version']}, this code "
+                      f"is {code_version()}): its numbers may differ from this code's", StoreWarning, stacklevel=2)
+        run.info["stale"] = True
+    return run
