@@ -3,7 +3,7 @@
 #
 #   scripts/gpu_campaign.sh [SECONDS] [WORK]
 #
-# Runs `proxy campaign --scale paper` for at most SECONDS (default 480) into WORK
+# Runs `mx-proxy campaign --scale paper` for at most SECONDS (default 480) into WORK
 # (default /tmp/proxy-paper); the campaign trains its headline first (paired
 # run, interventions, controls, then the LR grid) and exports each run as it
 # finishes, so a time-limited call keeps everything it finished and a second
@@ -22,13 +22,13 @@ import jax
 print("jax", jax.__version__, "devices", jax.devices())
 PY
 START=$(date +%s)
-timeout --signal=INT "$LIMIT" python -m proxy.cli campaign --scale "$SCALE" --out "$WORK" --quiet
+timeout --signal=INT "$LIMIT" python -m mx_proxy.cli campaign --scale "$SCALE" --out "$WORK" --quiet
 STATUS=$?
 echo "campaign exit status $STATUS after $(( $(date +%s) - START )) s (124/130: time limit reached, rerun to resume)"
 mkdir -p "$DEST"
 if [ -d "$WORK/results" ]; then
   cp -r "$WORK/results/." "$DEST/"
-  python -m proxy.cli figures --only headline_lr_sweep headline_zeta headline_ln_clamping headline_interventions \
+  python -m mx_proxy.cli figures --only headline_lr_sweep headline_zeta headline_ln_clamping headline_interventions \
       --results "$(dirname "$DEST")" --out "$(dirname "$(dirname "$DEST")")/figures" --no-store || true
 fi
 ls "$DEST" | head -50

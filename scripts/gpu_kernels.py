@@ -9,17 +9,17 @@ Steps, each timed; a step that fails is reported and the next one still runs;
 a step that would start after ``--budget-s`` is skipped and said so:
 
 1. **Mosaic GPU probe** (first: Mosaic GPU kernels cannot be compiled without
-   a GPU): compile and run one E4M3 ``wgmma`` (:mod:`kernels.mosaic_probe`).
+   a GPU): compile and run one E4M3 ``wgmma`` (:mod:`mx_proxy.pallas.mosaic_probe`).
 2. **Environment**: jax, device, the Pallas backend chosen for this jax.
 3. **GPU tests**: ``pytest tests/test_kernels_gpu.py`` (compiled kernels vs
    the reference, all default configurations, extreme scales).
-4. **Benchmark**: ``proxy bench kernels`` (4096^3 and 8192^3, E4M3 and E2M1,
+4. **Benchmark**: ``mx-proxy bench kernels`` (4096^3 and 8192^3, E4M3 and E2M1,
    fused and prequantized against bf16, the XLA path, lax.scaled_dot,
    cuDNN and the f32 emulation, plus one width-512 batch-2048 training step
    per backend).
 5. **Autotune** (remaining time): the compile-clean candidate configurations
    of each MMA mode at 8192^3; the best ones are written to
-   ``OUT/gemm_tuning.json`` (copy it to ``kernels/gemm_tuning.json`` to use it).
+   ``OUT/gemm_tuning.json`` (copy it to ``mx_proxy/pallas/gemm_tuning.json`` to use it).
 6. **Interpreted-test files, compiled** (if time is left): the matmul,
    operand and quantize test files, which compile their kernels on a GPU.
 
@@ -45,11 +45,11 @@ sys.path.insert(0, str(ROOT))  # run from the source tree, nothing installed
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from kernels import backend, mosaic_probe, tuning  # noqa: E402
-from kernels import mx_matmul as mm  # noqa: E402
-from kernels.mx_operand import quantize_operand  # noqa: E402
-from proxy.bench import kernels as bench_kernels  # noqa: E402
-from proxy.quantize import MXSpec  # noqa: E402
+from mx_proxy.cli.bench import kernels as bench_kernels  # noqa: E402
+from mx_proxy.numerics.quantize import MXSpec  # noqa: E402
+from mx_proxy.pallas import backend, mosaic_probe, tuning  # noqa: E402
+from mx_proxy.pallas import matmul as mm  # noqa: E402
+from mx_proxy.pallas.operand import quantize_operand  # noqa: E402
 
 
 class _Tee(io.TextIOBase):

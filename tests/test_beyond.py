@@ -1,4 +1,4 @@
-"""proxy.beyond (notebook 09): systems, the scales' stress setting, the GEMM
+"""mx_proxy.experiments.beyond (notebook 09): systems, the scales' stress setting, the GEMM
 precision accounting, the table on real smoke runs and on hand-made runs,
 the forward/dgrad weight disagreement, the figure, and bad input."""
 
@@ -8,10 +8,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import proxy
-from proxy import beyond, controllers, plots, scales
-from proxy.beyond import Key
-from proxy.run import Run
+import mx_proxy as mxp
+from mx_proxy.experiments import beyond, scales
+from mx_proxy.experiments.beyond import Key
+from mx_proxy.training import controllers
+from mx_proxy.training.result import Run
+from mx_proxy.viz import plots
 
 # ----------------------------------------------------------------------------- scales: the stress setting
 
@@ -26,7 +28,7 @@ def test_every_scale_has_a_valid_stress_setting():
     q = scales.get("quick")
     assert dict(q.stress) == {"lr": 2e-2, "beta2": 0.9, "diagnostics_every": 0} and q.stress_seeds == (0, 1, 2)
     # smoke: only a dynamic field changes, so the stress runs share the base runs' compiled program
-    from proxy.engine import static_key
+    from mx_proxy.training.engine import static_key
 
     sm = scales.get("smoke")
     assert static_key(sm.stress_config) == static_key(sm.config) and len(sm.stress_seeds) == 1
@@ -36,7 +38,7 @@ def test_stress_is_read_only_and_defaults_keep_old_scales_working():
     s = scales.get("quick")
     with pytest.raises(TypeError):
         s.stress["lr"] = 1.0
-    old = scales.Scale(name="x", config=proxy.Config(steps=100), lr_grid=(1e-3,), intervention_steps=(10, 20),
+    old = scales.Scale(name="x", config=mxp.Config(steps=100), lr_grid=(1e-3,), intervention_steps=(10, 20),
                        depths=(2,), widths=(32,), sgd_lr=0.1)
     assert dict(old.stress) == {} and old.stress_seeds == (0,) and old.stress_config == old.config
     hash(old)  # still hashable (stress is left out of the hash)
@@ -74,10 +76,10 @@ def test_systems_build_valid_configs_at_every_scale():
             stress = beyond.config(system, name, "stress")
             assert stress == base.replace(**scales.get(name).stress)
     c = beyond.config("gnmr + mxfp4", "quick")
-    assert c.controller == proxy.GNMR(action="bf16") == beyond.GNMR_SETTINGS  # the controller's defaults
+    assert c.controller == mxp.GNMR(action="bf16") == beyond.GNMR_SETTINGS  # the controller's defaults
     assert beyond.config("ngpt + nvfp4", "quick").arch == "ngpt"
     assert beyond.config("fp32", "quick") == scales.get("quick").config  # shares stored runs with notebooks 02-08
-    assert set(beyond.NEW_RECIPES) <= set(proxy.recipes.names())
+    assert set(beyond.NEW_RECIPES) <= set(mxp.recipes.names())
 
 
 def test_unknown_system_or_setting_names_the_valid_ones():
@@ -130,7 +132,7 @@ def _synthetic(config, losses, diverged_at=None, promoted_gemm=None):
 
 
 def test_low_precision_frac_counts_promoted_gemm_units_per_step():
-    cfg = proxy.Config(width=32, depth=2, steps=8, recipe="mxfp4_2d", controller="gnmr")
+    cfg = mxp.Config(width=32, depth=2, steps=8, recipe="mxfp4_2d", controller="gnmr")
     # block 0's GEMM unit promoted on steps 2-5 (half the run); block 1's never
     promoted = {0: np.isin(np.arange(8), [2, 3, 4, 5]), 1: np.zeros(8, bool)}
     run = _synthetic(cfg, np.full(8, 0.1), promoted_gemm=promoted)
@@ -150,7 +152,7 @@ def test_low_precision_frac_counts_promoted_gemm_units_per_step():
 
 
 def _hand_made():
-    cfg = proxy.Config(width=32, depth=2, steps=10)
+    cfg = mxp.Config(width=32, depth=2, steps=10)
     fp32, mx = cfg.replace(recipe="fp32"), cfg.replace(recipe="mxfp8_e4m3")
     ngpt = cfg.replace(arch="ngpt", recipe="fp32")
     return {
@@ -189,7 +191,7 @@ def test_table_rejects_bad_input():
         beyond.table(bad)
     with pytest.raises(ValueError, match="unknown setting"):
         beyond.table({("fp32", "warm", 0): _hand_made()[Key("fp32", "base", 0)]})
-    with pytest.raises(ValueError, match="proxy.Run"):
+    with pytest.raises(ValueError, match="mxp.Run"):
         beyond.table({("fp32", "base", 0): 0.1})
 
 

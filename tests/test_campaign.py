@@ -1,4 +1,4 @@
-"""``proxy campaign`` at smoke size: every kind of run, exported and read back, and its figures."""
+"""``mx-proxy campaign`` at smoke size: every kind of run, exported and read back, and its figures."""
 
 import dataclasses
 import json
@@ -7,7 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from proxy import campaign, cli, figures, scales
+from mx_proxy.cli import main as cli
+from mx_proxy.experiments import campaign, scales
+from mx_proxy.viz import figures
 
 
 @pytest.fixture(scope="module")

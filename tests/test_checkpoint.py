@@ -5,11 +5,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-import proxy
-from proxy import checkpoint as C
-from proxy.engine import dynamic_for, program_for
+import mx_proxy as mxp
+from mx_proxy.store import checkpoint as C
+from mx_proxy.training.engine import dynamic_for, program_for
 
-BASE = proxy.Config(width=32, depth=2, batch=64, steps=40, diagnostics_every=10, val_every=20,
+BASE = mxp.Config(width=32, depth=2, batch=64, steps=40, diagnostics_every=10, val_every=20,
                     recipe="mxfp8_e4m3")
 
 
@@ -26,7 +26,7 @@ def assert_same(a, b, steps=None):
 @pytest.fixture(scope="module")
 def parent(tmp_path_factory):
     store = tmp_path_factory.mktemp("runs")
-    return proxy.train(BASE.replace(checkpoint_at=(20,)), store=store, progress=False)
+    return mxp.train(BASE.replace(checkpoint_at=(20,)), store=store, progress=False)
 
 
 def test_checkpoint_roundtrip(tmp_path):
@@ -47,7 +47,7 @@ def test_checkpoint_roundtrip(tmp_path):
 
 
 def test_resume_reproduces_uninterrupted_run(parent, tmp_path):
-    plain = proxy.train(BASE, store=False, progress=False)
+    plain = mxp.train(BASE, store=False, progress=False)
     assert_same(parent, plain)  # checkpointing changes nothing
     ckdir = parent.path + "/checkpoints"
     assert C.steps(ckdir) == [20]
@@ -57,22 +57,22 @@ def test_resume_reproduces_uninterrupted_run(parent, tmp_path):
     from conftest import killed_run_folder
 
     shutil.copytree(ckdir, f"{killed_run_folder(tmp_path, key)}/checkpoints")  # a killed trainer's checkpoints
-    resumed = proxy.train(parent.config, store=tmp_path, progress=False)
+    resumed = mxp.train(parent.config, store=tmp_path, progress=False)
     assert resumed.info.get("resumed_from") == 20
     assert_same(resumed, parent)
 
 
 def test_checkpoint_between_chunks_and_memory_checkpoints():
     cfg = BASE.replace(checkpoint_every=10, steps=30)
-    run = proxy.train(cfg, store=False, progress=False)
+    run = mxp.train(cfg, store=False, progress=False)
     assert sorted(run.checkpoints) == [10, 20, 30]
-    assert_same(run, proxy.train(BASE.replace(steps=30), store=False, progress=False))
-    child = proxy.intervene(run, 10, store=False, progress=False)  # no-op, from memory, mid-chunk
+    assert_same(run, mxp.train(BASE.replace(steps=30), store=False, progress=False))
+    child = mxp.intervene(run, 10, store=False, progress=False)  # no-op, from memory, mid-chunk
     assert_same(child, run)
 
 
 def test_noop_intervention_reproduces_parent(parent):
-    child = proxy.intervene(parent, 20, progress=False)
+    child = mxp.intervene(parent, 20, progress=False)
     assert_same(child, parent)
     for k in parent.params:
         for leaf in parent.params[k]:
@@ -80,12 +80,12 @@ def test_noop_intervention_reproduces_parent(parent):
     assert child.info["parent"] == parent.info["key"]
     assert child.info["intervention"]["at_step"] == 20
     assert child.path is not None and child.path != parent.path
-    again = proxy.intervene(parent.path, 20, progress=False)  # by folder; loaded from the store
+    again = mxp.intervene(parent.path, 20, progress=False)  # by folder; loaded from the store
     assert again.path == child.path
 
 
 def test_intervention_to_full_precision(parent):
-    child = proxy.intervene(parent, 20, apply="fp32", progress=False)
+    child = mxp.intervene(parent, 20, apply="fp32", progress=False)
     assert child.config.recipe.name == "fp32"
     assert_same(child, parent, steps=20)  # the parent's history is kept
     after = child.metrics[child.metrics["step"] >= 20]
@@ -97,8 +97,8 @@ def test_intervention_to_full_precision(parent):
 
 
 def test_named_interventions():
-    r = proxy.recipes.get("mxfp8_e4m3")
-    got = {n: proxy.mitigate(r, n) for n in proxy.MITIGATIONS}
+    r = mxp.recipes.get("mxfp8_e4m3")
+    got = {n: mxp.mitigate(r, n) for n in mxp.MITIGATIONS}
     assert got["fp32"].is_full_precision
     assert got["ln_exempt"].ln_precision == "fp32" and got["ln_exempt"].ln_affine is None
     assert all(getattr(got["rceil"], f).scale_rule == "rceil" for f in ("fwd_x", "fwd_w", "dgrad_g", "wgrad_g"))
@@ -109,7 +109,7 @@ def test_named_interventions():
     w = got["bf16_weights"]
     assert w.fwd_w is None and w.dgrad_w is None and w.fwd_x is not None and w.vector == "bf16"
     assert got["ln_exempt"].name == "mxfp8_e4m3+ln_exempt"
-    both = proxy.mitigate(r, ["ln_exempt", "act_fp32"])
+    both = mxp.mitigate(r, ["ln_exempt", "act_fp32"])
     assert both.ln_precision == "fp32" and both.act_precision == "fp32"
 
 
@@ -123,7 +123,7 @@ def test_named_interventions():
 ])
 def test_intervention_bad_input(parent, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        proxy.intervene(parent, progress=False, **kwargs)
+        mxp.intervene(parent, progress=False, **kwargs)
 
 
 def test_checkpoint_steps_validated():
@@ -139,16 +139,16 @@ def test_paired_run_reference_matches_the_fp32_run(tmp_path):
     is the separate FP32 run's loss, and the paired state checkpoints and
     resumes with the rest (also inside a sweep)."""
     paired = BASE.replace(gradient_reference="paired_run", checkpoint_at=(20,))
-    sw = proxy.sweep(paired, store=tmp_path, progress=False, lr=[1e-3, 3e-3])
-    fp32 = [proxy.train(BASE.replace(recipe="fp32", lr=lr), store=False, progress=False) for lr in (1e-3, 3e-3)]
+    sw = mxp.sweep(paired, store=tmp_path, progress=False, lr=[1e-3, 3e-3])
+    fp32 = [mxp.train(BASE.replace(recipe="fp32", lr=lr), store=False, progress=False) for lr in (1e-3, 3e-3)]
     for mx, ref in zip(sw.runs, fp32):
         np.testing.assert_allclose(mx.metrics["ref_loss"], ref.metrics["loss"], rtol=1e-5)
         assert mx.metrics["zeta_bound"].dropna().gt(0).all()
     run = sw.runs[1]
     state, _ = C.restore(run.path + "/checkpoints", 20, C.template(program_for(paired), dynamic_for(paired)))
     assert state.ref_params is not None
-    child = proxy.intervene(run, 20, progress=False)
+    child = mxp.intervene(run, 20, progress=False)
     assert_same(child, run)
     # turning the pairing on at an intervention starts it from the current weights
-    on = proxy.intervene(sw.runs[0], 20, gradient_reference="same_point", progress=False)
+    on = mxp.intervene(sw.runs[0], 20, gradient_reference="same_point", progress=False)
     assert "ref_loss" not in on.metrics.columns or on.metrics.loc[on.metrics.step >= 20, "ref_loss"].isna().all()

@@ -1,4 +1,4 @@
-"""The ``proxy`` command line: real runs, exit status 2 with a clear message on bad input."""
+"""The ``mx-proxy`` command line: real runs, exit status 2 with a clear message on bad input."""
 
 import json
 import subprocess
@@ -6,14 +6,14 @@ import sys
 
 import pytest
 
-from proxy.cli import build_parser, main
-from proxy.config import FIELD_DOCS, Config
-from proxy.bench import BENCHMARKS
+from mx_proxy.cli.bench import BENCHMARKS
+from mx_proxy.cli.main import build_parser, main
+from mx_proxy.training.config import FIELD_DOCS, Config
 
 
 def _cli(*args, tmp_path=None):
     env_store = ["--out", str(tmp_path)] if tmp_path is not None else []
-    return subprocess.run([sys.executable, "-m", "proxy.cli", *args, *env_store], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "mx_proxy.cli", *args, *env_store], capture_output=True, text=True,
                           timeout=600)
 
 

@@ -12,7 +12,8 @@ import textwrap
 
 import pytest
 
-from proxy import compile_cache, executables
+from mx_proxy.store import executables
+from mx_proxy.training import compile_cache
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -29,9 +30,10 @@ TRAIN = textwrap.dedent("""
             counts["hits"] += 1
     jax.monitoring.register_event_duration_secs_listener(on_duration)
     jax.monitoring.register_event_listener(on_event)
-    import proxy
-    from proxy import compile_cache, executables
-    run = proxy.train(proxy.Config(width=16, depth=1, batch=8, steps=4, diagnostics_every=2, val_every=2,
+    import mx_proxy as mxp
+    from mx_proxy.store import executables
+    from mx_proxy.training import compile_cache
+    run = mxp.train(mxp.Config(width=16, depth=1, batch=8, steps=4, diagnostics_every=2, val_every=2,
                                    val_batches=1, recipe="mxfp8_e4m3"), progress=False)
     print("RESULT", json.dumps(dict(counts, dir=str(compile_cache.active_dir()), loss=run.final_loss,
                                     min_time=jax.config.jax_persistent_cache_min_compile_time_secs,
@@ -43,8 +45,8 @@ TRAIN = textwrap.dedent("""
 # one small jitted program in a fresh process
 JIT = textwrap.dedent("""
     import json, jax, jax.numpy as jnp
-    import proxy
-    from proxy import compile_cache
+    import mx_proxy as mxp
+    from mx_proxy.training import compile_cache
     jax.jit(lambda x: jnp.tanh(x) * 7)(jnp.ones(11)).block_until_ready()
     print("RESULT", json.dumps(dict(dir=str(compile_cache.active_dir()))))
 """)
@@ -122,8 +124,8 @@ def test_default_folder_and_off(tmp_path):
 def test_jax_folder_is_kept_and_enable_moves_the_cache(tmp_path):
     code = textwrap.dedent("""
         import json, jax, jax.numpy as jnp
-        import proxy
-        from proxy import compile_cache
+        import mx_proxy as mxp
+        from mx_proxy.training import compile_cache
         kept = str(compile_cache.active_dir())
         jax.jit(lambda x: jnp.sin(x) * 3)(jnp.ones(3)).block_until_ready()
         moved = compile_cache.enable(%r)
@@ -137,7 +139,7 @@ def test_jax_folder_is_kept_and_enable_moves_the_cache(tmp_path):
 
 
 def test_bench_compile_rejects_bad_arguments(capsys):
-    from proxy.bench import compile as bench
+    from mx_proxy.cli.bench import compile as bench
 
     for argv, message in ((["--steps", "150"], "multiple of the config's segment length 100"),
                           (["--steps", "100"], "at least 2 segments"),
@@ -150,7 +152,7 @@ def test_bench_compile_rejects_bad_arguments(capsys):
 
 @pytest.mark.slow
 def test_bench_compile_measures_cold_warm_and_a_new_program(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "proxy.cli", "bench", "compile", "--steps", "200", "--cache",
+    out = subprocess.run([sys.executable, "-m", "mx_proxy.cli", "bench", "compile", "--steps", "200", "--cache",
                           str(tmp_path / "cache")], cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout

@@ -5,11 +5,11 @@ import os
 import numpy as np
 import pytest
 
-import proxy
-from proxy import controllers
-from proxy.controllers import GNMR
+import mx_proxy as mxp
+from mx_proxy.training import controllers
+from mx_proxy.training.controllers import GNMR
 
-BASE = proxy.Config(width=32, depth=2, batch=64, steps=60, lr=1e-3, diagnostics_every=10, val_every=20,
+BASE = mxp.Config(width=32, depth=2, batch=64, steps=60, lr=1e-3, diagnostics_every=10, val_every=20,
                     recipe="mxfp8_e4m3")
 # fires often on this short run: a short window and warm-up, a low threshold
 EAGER = GNMR(threshold=1.3, delta_threshold=1.2, window=4, warmup=8, lock_steps=5, max_overrides=2, action="fp32")
@@ -23,17 +23,17 @@ def _same_params(a, b):
 
 @pytest.fixture(scope="module")
 def plain():
-    return proxy.train(BASE, store=False, progress=False)
+    return mxp.train(BASE, store=False, progress=False)
 
 
 @pytest.fixture(scope="module")
 def eager():
-    return proxy.train(BASE.replace(controller=EAGER), store=False, progress=False)
+    return mxp.train(BASE.replace(controller=EAGER), store=False, progress=False)
 
 
 def test_controller_without_triggers_equals_the_run_without_it(plain):
     quiet = GNMR(threshold=1e30, delta_threshold=None)
-    run = proxy.train(BASE.replace(controller=quiet), store=False, progress=False)
+    run = mxp.train(BASE.replace(controller=quiet), store=False, progress=False)
     assert run.events.empty and (run.metrics["low_precision_frac"] == 1.0).all()
     for col in plain.metrics.columns:
         assert np.array_equal(plain.metrics[col].to_numpy(), run.metrics[col].to_numpy(), equal_nan=True), col
@@ -74,9 +74,9 @@ def test_events_match_the_recorded_mask_budget_and_lock(eager):
 
 def test_vmapped_sweep_with_controller_equals_single_runs():
     cfg = BASE.replace(controller=EAGER, steps=40)
-    sw = proxy.sweep(cfg, store=False, progress=False, lr=[1e-3, 2e-3])
+    sw = mxp.sweep(cfg, store=False, progress=False, lr=[1e-3, 2e-3])
     for c, run in zip(sw.configs, sw.runs):
-        single = proxy.train(c, store=False, progress=False)
+        single = mxp.train(c, store=False, progress=False)
         assert single.events.equals(run.events)
         for col in ("loss", "grad_norm", "low_precision_frac"):
             assert np.array_equal(single.metrics[col].to_numpy(), run.metrics[col].to_numpy()), col
@@ -84,7 +84,7 @@ def test_vmapped_sweep_with_controller_equals_single_runs():
 
 def test_resume_with_controller_state(tmp_path, eager):
     cfg = BASE.replace(controller=EAGER, checkpoint_at=(30,))
-    parent = proxy.train(cfg, store=tmp_path / "a", progress=False)
+    parent = mxp.train(cfg, store=tmp_path / "a", progress=False)
     assert parent.metrics["loss"].equals(eager.metrics["loss"])
     import shutil
 
@@ -92,20 +92,20 @@ def test_resume_with_controller_state(tmp_path, eager):
 
     shutil.copytree(tmp_path / "a" / parent.info["key"] / "checkpoints",
                     os.path.join(killed_run_folder(tmp_path / "b", parent.info["key"]), "checkpoints"))
-    resumed = proxy.train(cfg, store=tmp_path / "b", progress=False)
+    resumed = mxp.train(cfg, store=tmp_path / "b", progress=False)
     assert resumed.info.get("resumed_from") == 30
     assert resumed.metrics.equals(parent.metrics) and resumed.events.equals(parent.events)
 
 
 def test_config_accepts_text_and_round_trips():
-    c = proxy.Config(controller="gnmr:threshold=2.5,lock_steps=7,action=fp32")
+    c = mxp.Config(controller="gnmr:threshold=2.5,lock_steps=7,action=fp32")
     assert c.controller == GNMR(threshold=2.5, lock_steps=7, action="fp32")
     import json
 
-    assert proxy.Config.from_dict(json.loads(c.to_json())) == c
+    assert mxp.Config.from_dict(json.loads(c.to_json())) == c
     # every field is serialized, under a schema version that is part of the hash
-    assert proxy.Config().to_dict()["controller"] is None and proxy.Config().to_dict()["arch"] == "resmlp"
-    assert c.hash() != proxy.Config().hash()
+    assert mxp.Config().to_dict()["controller"] is None and mxp.Config().to_dict()["arch"] == "resmlp"
+    assert c.hash() != mxp.Config().hash()
 
 
 @pytest.mark.parametrize("value, match", [
@@ -117,11 +117,11 @@ def test_config_accepts_text_and_round_trips():
 ])
 def test_bad_controller_raises(value, match):
     with pytest.raises(ValueError, match=match):
-        proxy.Config(controller=value)
+        mxp.Config(controller=value)
 
 
 def test_cli_train_with_controller_and_bad_value(tmp_path, capsys):
-    from proxy.cli import main
+    from mx_proxy.cli.main import main
 
     rc = main(["train", "--width", "16", "--depth", "1", "--batch", "16", "--steps", "30", "--diagnostics-every", "0",
                "--val-every", "0", "--recipe", "mxfp4", "--controller", "gnmr:warmup=10,window=5,threshold=1.5",

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from proxy import controllers as C
-from proxy.controllers import GNMR
+from mx_proxy.training import controllers as C
+from mx_proxy.training.controllers import GNMR
 
 T, U = 100, 4
 

@@ -4,8 +4,8 @@ reference pages stay in sync with the code they describe."""
 import re
 from pathlib import Path
 
-import proxy
-from proxy import recipe as recipes
+import mx_proxy as mxp
+from mx_proxy.numerics import recipe as recipes
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -14,7 +14,7 @@ README = (ROOT / "README.md").read_text()
 def test_readme_opens_with_the_two_commands_and_stays_short():
     first_block = README.split("```")[1]
     commands = [line for line in first_block.splitlines() if line.startswith("python3 -m venv")]
-    assert len(commands) == 2 and "proxy figures" in commands[0] and "pytest" in commands[1]
+    assert len(commands) == 2 and "mx-proxy figures" in commands[0] and "pytest" in commands[1]
     assert len(README.splitlines()) <= 150
 
 
@@ -36,5 +36,5 @@ def test_recipe_doc_table_matches_the_presets():
     text = (ROOT / "docs" / "recipes.md").read_text()
     table = text.split("<!-- recipe-table -->\n", 1)[1].split("\n<!-- /recipe-table -->", 1)[0]
     assert table == recipes.table()
-    for name in proxy.MITIGATIONS:
+    for name in mxp.MITIGATIONS:
         assert f"| `{name}` |" in text

@@ -23,12 +23,12 @@ import numpy as np
 import pytest
 
 import exactness
-import proxy
-from proxy import layers
-from proxy import recipe as recipes
+import mx_proxy as mxp
+from mx_proxy.nn import layers
+from mx_proxy.numerics import recipe as recipes
 
 ROOT = Path(__file__).resolve().parents[1]
-F32_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}  # proxy.engine.compiler_options of a dot="f32" run
+F32_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}  # mx_proxy.training.engine.compiler_options of a dot="f32" run
 
 
 # --------------------------------------------------------------------------- both dot paths
@@ -142,11 +142,11 @@ def test_bf16_dot_has_the_same_operands_and_f32_accumulation_bounds(r):
 
 # --------------------------------------------------------------------------- training with dot="bf16"
 
-TINY = proxy.Config(width=32, depth=2, batch=64, steps=20, recipe="mxfp8_e4m3", dot="bf16", diagnostics_every=10,
+TINY = mxp.Config(width=32, depth=2, batch=64, steps=20, recipe="mxfp8_e4m3", dot="bf16", diagnostics_every=10,
                     val_every=10)
 
 
-def assert_same_run(a: proxy.Run, b: proxy.Run):
+def assert_same_run(a: mxp.Run, b: mxp.Run):
     """Bit-for-bit equal metrics (NaN where NaN), divergence and parameters."""
     assert a.diverged_at == b.diverged_at
     assert list(a.metrics.columns) == list(b.metrics.columns) and len(a.metrics) == len(b.metrics)
@@ -159,16 +159,16 @@ def assert_same_run(a: proxy.Run, b: proxy.Run):
 
 @pytest.fixture(scope="module")
 def bf16_run():
-    return proxy.train(TINY, progress=False)
+    return mxp.train(TINY, progress=False)
 
 
 def test_a_bf16_dot_run_replays_bit_for_bit(bf16_run):
     assert bf16_run.config.dot == "bf16" and bf16_run.diverged_at is None
-    assert_same_run(proxy.train(TINY, progress=False), bf16_run)
+    assert_same_run(mxp.train(TINY, progress=False), bf16_run)
 
 
 def test_a_bf16_dot_sweep_member_equals_its_single_run(bf16_run):
-    sw = proxy.sweep(TINY, progress=False, lr=[TINY.lr, 3 * TINY.lr])
+    sw = mxp.sweep(TINY, progress=False, lr=[TINY.lr, 3 * TINY.lr])
     assert [c.lr for c in sw.configs] == [TINY.lr, 3 * TINY.lr]
     assert_same_run(sw.runs[0], bf16_run)
     assert sw.runs[1].metrics["loss"].iloc[-1] != bf16_run.metrics["loss"].iloc[-1]

@@ -5,15 +5,15 @@ import math
 import numpy as np
 import pytest
 
-import proxy
-from proxy import data
+import mx_proxy as mxp
+from mx_proxy.training import data
 
-SMALL = proxy.Config(width=32, depth=2, batch=64, steps=60, lr=1e-3, diagnostics_every=10, val_every=20)
+SMALL = mxp.Config(width=32, depth=2, batch=64, steps=60, lr=1e-3, diagnostics_every=10, val_every=20)
 
 
 def test_same_config_twice_gives_identical_metrics():
     cfg = SMALL.replace(recipe="mxfp8_mixed")
-    a, b = proxy.train(cfg, progress=False), proxy.train(cfg, progress=False)
+    a, b = mxp.train(cfg, progress=False), mxp.train(cfg, progress=False)
     assert a.metrics.equals(b.metrics)
 
 
@@ -31,15 +31,15 @@ def test_data_is_a_pure_function_of_seed_and_step():
 @pytest.mark.parametrize("seed", [0, 1, 12345, 2**31, 2**32 - 1])
 def test_host_built_key_data_equals_jax_key_data(seed):
     import jax
-    from proxy import engine
+    from mx_proxy.training import engine
     assert np.array_equal(engine._key_data(seed), jax.random.key_data(jax.random.key(seed)))
 
 
 @pytest.mark.slow
 def test_two_hundred_steps_learn_in_fp32_and_mxfp8():
-    cfg = proxy.Config(width=64, depth=2, batch=128, steps=200, lr=1e-3, diagnostics_every=20, val_every=100)
-    fp32 = proxy.train(cfg, progress=False)
-    mx = proxy.train(cfg.replace(recipe="mxfp8_e4m3"), progress=False)
+    cfg = mxp.Config(width=64, depth=2, batch=128, steps=200, lr=1e-3, diagnostics_every=20, val_every=100)
+    fp32 = mxp.train(cfg, progress=False)
+    mx = mxp.train(cfg.replace(recipe="mxfp8_e4m3"), progress=False)
     for run in (fp32, mx):
         loss = run.metrics["loss"].to_numpy()
         assert run.diverged_at is None and len(loss) == 200
@@ -53,7 +53,7 @@ def test_two_hundred_steps_learn_in_fp32_and_mxfp8():
 
 
 def test_metrics_columns_and_per_layer_diagnostics():
-    run = proxy.train(SMALL.replace(recipe="mxfp8_e4m3", steps=20), progress=False)
+    run = mxp.train(SMALL.replace(recipe="mxfp8_e4m3", steps=20), progress=False)
     m = run.metrics
     for col in ["step", "loss", "val_loss", "grad_norm", "update_norm", "lr", "zeta_bound", "cosine",
                 "ln_clamp_frac", "weight_clamp_frac", "act_clamp_frac", "grad_norm/block_0", "zeta_bound/block_1",
@@ -66,20 +66,20 @@ def test_metrics_columns_and_per_layer_diagnostics():
 
 
 def test_diagnostics_off_records_no_shadow_gradient():
-    run = proxy.train(SMALL.replace(diagnostics_every=0, steps=25, val_every=0), progress=False)
+    run = mxp.train(SMALL.replace(diagnostics_every=0, steps=25, val_every=0), progress=False)
     assert "zeta_bound" not in run.metrics.columns and len(run.metrics) == 25
 
 
 def test_paired_run_reference_compares_with_the_fp32_run():
     cfg = SMALL.replace(recipe="mxfp8_e4m3", steps=30, gradient_reference="paired_run")
-    run = proxy.train(cfg, progress=False)
-    fp32 = proxy.train(SMALL.replace(steps=30), progress=False)
+    run = mxp.train(cfg, progress=False)
+    fp32 = mxp.train(SMALL.replace(steps=30), progress=False)
     np.testing.assert_array_equal(run.metrics["ref_loss"].to_numpy(), fp32.metrics["loss"].to_numpy())
     assert (run.metrics["zeta_bound"].dropna() > 0).all()
 
 
 def test_absurd_learning_rate_diverges_cleanly():
-    run = proxy.train(SMALL.replace(lr=50.0, recipe="mxfp8_e4m3"), progress=False)
+    run = mxp.train(SMALL.replace(lr=50.0, recipe="mxfp8_e4m3"), progress=False)
     assert run.diverged_at is not None and run.diverged_at < 60
     before = run.metrics[run.metrics["step"] < run.diverged_at]
     assert np.isfinite(before["loss"]).all()
@@ -88,7 +88,7 @@ def test_absurd_learning_rate_diverges_cleanly():
 
 
 def test_cosine_schedule_and_sgd():
-    run = proxy.train(SMALL.replace(schedule="cosine", lr_min=1e-5, optimizer="sgd", momentum=0.9, lr=0.05,
+    run = mxp.train(SMALL.replace(schedule="cosine", lr_min=1e-5, optimizer="sgd", momentum=0.9, lr=0.05,
                                     steps=40, diagnostics_every=0, val_every=0), progress=False)
     lr = run.metrics["lr"].to_numpy()
     assert lr[0] == pytest.approx(0.05) and lr[-1] < 0.002 and np.all(np.diff(lr) <= 0)
@@ -106,6 +106,6 @@ def test_bad_config_values_are_value_errors(bad, match):
 
 
 def test_config_json_round_trip_and_hash():
-    cfg = SMALL.replace(recipe=proxy.recipes.get("mxfp8_e4m3").replace(name="x", ln_affine=None))
-    back = proxy.Config.from_dict(cfg.to_dict())
+    cfg = SMALL.replace(recipe=mxp.recipes.get("mxfp8_e4m3").replace(name="x", ln_affine=None))
+    back = mxp.Config.from_dict(cfg.to_dict())
     assert back == cfg and back.hash() == cfg.hash() and cfg.hash() != SMALL.hash()

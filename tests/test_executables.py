@@ -1,4 +1,4 @@
-"""Compiled programs kept on disk (proxy.executables): keyed without tracing, loaded bit for bit, damaged
+"""Compiled programs kept on disk (mx_proxy.store.executables): keyed without tracing, loaded bit for bit, damaged
 entries recompiled, unwritable folders harmless."""
 
 import jax
@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from proxy import executables
-from proxy.executables import CachedProgram
+from mx_proxy.store import executables
+from mx_proxy.store.executables import CachedProgram
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,5 @@
 """Vectorized sweeps: exact equality with single runs, divergence masking,
-device sharding, bad input, and the ``proxy sweep`` / ``proxy intervene`` CLI."""
+device sharding, bad input, and the ``mx-proxy sweep`` / ``mx-proxy intervene`` CLI."""
 
 import json
 import os
@@ -12,18 +12,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import proxy
-from proxy import runner
-from proxy.sweeps import members
+import mx_proxy as mxp
+from mx_proxy.runner import loop as runner
+from mx_proxy.training.sweeps import members
 
 # Tiny, but with every moving part: MX recipe, diagnostics, validation.
-BASE = proxy.Config(width=32, depth=2, batch=64, steps=40, diagnostics_every=10, val_every=20,
+BASE = mxp.Config(width=32, depth=2, batch=64, steps=40, diagnostics_every=10, val_every=20,
                     recipe="mxfp8_e4m3")
 LRS = [1e-4, 3e-4, 1e-3, 3e-3]
 SEEDS = [0, 1]
 
 
-def assert_same_run(a: proxy.Run, b: proxy.Run):
+def assert_same_run(a: mxp.Run, b: mxp.Run):
     """Bit-for-bit equal metrics (NaN where NaN), divergence and parameters."""
     assert a.diverged_at == b.diverged_at
     assert list(a.metrics.columns) == list(b.metrics.columns)
@@ -38,18 +38,18 @@ def assert_same_run(a: proxy.Run, b: proxy.Run):
 
 @pytest.fixture(scope="module")
 def singles():
-    """Individual proxy.train runs, by config hash (shared by tests)."""
+    """Individual mxp.train runs, by config hash (shared by tests)."""
     return {}
 
 
 def single(singles, cfg):
     if cfg.hash() not in singles:
-        singles[cfg.hash()] = proxy.train(cfg, progress=False)
+        singles[cfg.hash()] = mxp.train(cfg, progress=False)
     return singles[cfg.hash()]
 
 
 def test_vmapped_sweep_equals_individual_runs(singles):
-    sw = proxy.sweep(BASE, progress=False, lr=LRS, seed=SEEDS)
+    sw = mxp.sweep(BASE, progress=False, lr=LRS, seed=SEEDS)
     assert len(sw) == 8
     assert [(c.lr, c.seed) for c in sw.configs] == [(lr, s) for lr in LRS for s in SEEDS]
     for cfg, run in zip(sw.configs, sw.runs):
@@ -69,7 +69,7 @@ def test_vmapped_sweep_equals_individual_runs(singles):
 
 def test_diverging_member_is_masked(singles):
     lrs = [1e-4, 3e-4, 1e-3, 1e4]  # the last one is absurd
-    sw = proxy.sweep(BASE, progress=False, lr=lrs, seed=SEEDS)
+    sw = mxp.sweep(BASE, progress=False, lr=lrs, seed=SEEDS)
     for cfg, run in zip(sw.configs, sw.runs):
         if cfg.lr == 1e4:
             assert run.diverged_at is not None and run.diverged_at < BASE.steps
@@ -86,18 +86,18 @@ def test_diverging_member_is_masked(singles):
 SHARDED = textwrap.dedent("""
     import json, sys
     import jax, numpy as np
-    import proxy
+    import mx_proxy as mxp
     assert len(jax.devices()) == 2, jax.devices()
-    cfg = proxy.Config(width=32, depth=2, batch=64, steps=20, diagnostics_every=10, val_every=10, recipe="fp32")
+    cfg = mxp.Config(width=32, depth=2, batch=64, steps=20, diagnostics_every=10, val_every=10, recipe="fp32")
     axes = dict(lr=[1e-3, 3e-3, 1e-2], seed=[0])           # 3 members: padded to 4 over 2 devices
-    a = proxy.sweep(cfg, progress=False, shard=True, **axes)
-    b = proxy.sweep(cfg, progress=False, shard=False, **axes)
+    a = mxp.sweep(cfg, progress=False, shard=True, **axes)
+    b = mxp.sweep(cfg, progress=False, shard=False, **axes)
     out = []
     for ra, rb in zip(a.runs, b.runs):
         same = all(np.array_equal(ra.metrics[c].to_numpy(), rb.metrics[c].to_numpy(), equal_nan=True)
                    for c in ra.metrics.columns) and list(ra.metrics.columns) == list(rb.metrics.columns)
         out.append(bool(same))
-    single = proxy.train(cfg.replace(lr=3e-3), progress=False)
+    single = mxp.train(cfg.replace(lr=3e-3), progress=False)
     out.append(bool(np.array_equal(single.metrics["loss"].to_numpy(), a.runs[1].metrics["loss"].to_numpy())))
     print(json.dumps(out))
 """)
@@ -121,7 +121,7 @@ def test_sharded_sweep_equals_single_device():
 ])
 def test_sweep_bad_input(axes, match):
     with pytest.raises(ValueError, match=match):
-        proxy.sweep(BASE, progress=False, **axes)
+        mxp.sweep(BASE, progress=False, **axes)
 
 
 def test_sweep_scalar_axis_and_group_key():
@@ -138,9 +138,9 @@ def test_sweep_scalar_axis_and_group_key():
 def _parser():
     import argparse
 
-    from proxy.experiments_cli import add_experiment_commands
+    from mx_proxy.cli.experiment_commands import add_experiment_commands
 
-    p = argparse.ArgumentParser(prog="proxy", exit_on_error=False)
+    p = argparse.ArgumentParser(prog="mx-proxy", exit_on_error=False)
     sub = p.add_subparsers(dest="command", required=True)
     add_experiment_commands(sub)
     return p
@@ -149,7 +149,7 @@ def _parser():
 def test_cli_sweep_parses_axes():
     args = _parser().parse_args(["sweep", "--lr", "1e-4", "3e-4", "--seed", "0", "1", "--recipe", "fp32",
                                  "--width", "32", "--no-store"])
-    from proxy.experiments_cli import sweep_axes
+    from mx_proxy.cli.experiment_commands import sweep_axes
 
     base, axes = sweep_axes(args)
     assert axes == {"lr": [1e-4, 3e-4], "seed": [0, 1]}
@@ -165,14 +165,14 @@ def test_cli_sweep_parses_axes():
     (["intervene", "/nonexistent/run", "--at-step", "10", "--apply", "nope"], "invalid choice: 'nope'"),
 ])
 def test_cli_bad_input_exits_2(argv, match, capsys):
-    from proxy.experiments_cli import main
+    from mx_proxy.cli.experiment_commands import main
 
     assert main(argv) == 2
     assert match in capsys.readouterr().err
 
 
 def test_cli_sweep_and_intervene_end_to_end(tmp_path, capsys):
-    from proxy.experiments_cli import main
+    from mx_proxy.cli.experiment_commands import main
 
     store = tmp_path / "runs"
     argv = ["sweep", "--width", "32", "--depth", "2", "--batch", "64", "--steps", "40", "--diagnostics-every",
@@ -187,6 +187,6 @@ def test_cli_sweep_and_intervene_end_to_end(tmp_path, capsys):
     child = [p for p in store.iterdir() if (p / "run.json").exists() and p != run_dir and
              json.loads((p / "run.json").read_text())["info"].get("parent")]
     assert len(child) == 1
-    parent, kid = proxy.load(run_dir), proxy.load(child[0])
+    parent, kid = mxp.load(run_dir), mxp.load(child[0])
     assert_same_run(parent, kid)
     assert kid.info["intervention"]["at_step"] == 20

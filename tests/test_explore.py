@@ -6,15 +6,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import proxy
-from proxy.explore import Explorer, train_live
-from proxy.run import Run
+import mx_proxy as mxp
+from mx_proxy.training.result import Run
+from mx_proxy.viz.explore import Explorer, train_live
 
 SMALL = dict(width=32, depth=2, batch=32, steps=20, diagnostics_every=5, val_every=10, val_batches=1)
 
 
 def test_defaults_and_controls_make_the_configs():
-    panel = proxy.explore(recipe=("mxfp8_e4m3", "fp32", "mxfp6_e2m3"), width=32, lr=1e-3)
+    panel = mxp.explore(recipe=("mxfp8_e4m3", "fp32", "mxfp6_e2m3"), width=32, lr=1e-3)
     assert isinstance(panel, Explorer)
     assert panel.controls["recipes"].value == ("mxfp8_e4m3", "mxfp6_e2m3")  # FP32 is not a choice: it always trains
     assert "fp32" not in panel.controls["recipes"].options
@@ -32,12 +32,12 @@ def test_defaults_and_controls_make_the_configs():
 
 def test_bad_defaults_and_values_name_what_is_wrong():
     with pytest.raises(ValueError, match="unknown config field.*valid:"):
-        proxy.explore(widht=32)
+        mxp.explore(widht=32)
     with pytest.raises(ValueError, match="unknown recipe 'mxfp9'; valid: fp32, bf16"):
-        proxy.explore(recipe="mxfp9")
+        mxp.explore(recipe="mxfp9")
     with pytest.raises(ValueError, match="unknown norm 'batchnorm'"):
-        proxy.explore(norm="batchnorm")
-    panel = proxy.explore(**SMALL)
+        mxp.explore(norm="batchnorm")
+    panel = mxp.explore(**SMALL)
     panel.controls["lr"].value = -1.0
     with pytest.raises(ValueError, match="lr must be a positive finite number, got -1"):
         panel.train()
@@ -46,16 +46,16 @@ def test_bad_defaults_and_values_name_what_is_wrong():
 
 
 def test_a_custom_recipe_becomes_a_choice():
-    mine = proxy.recipes.get("mxfp8_e4m3").replace(name="my_e4m3", ln_affine=None)
-    panel = proxy.explore(recipe=mine)
+    mine = mxp.recipes.get("mxfp8_e4m3").replace(name="my_e4m3", ln_affine=None)
+    panel = mxp.explore(recipe=mine)
     assert panel.controls["recipes"].value == ("my_e4m3",)
     assert panel.configs()[1].recipe == mine
     with pytest.raises(ValueError, match="differs from the preset"):
-        proxy.explore(recipe=mine.replace(name="mxfp8_e4m3"))
+        mxp.explore(recipe=mine.replace(name="mxfp8_e4m3"))
 
 
 def test_a_norm_without_gains_gets_a_note_instead_of_a_clamp_curve():
-    panel = proxy.explore(**SMALL)
+    panel = mxp.explore(**SMALL)
     cfg = panel.configs()[0].replace(norm="layernorm_noaffine")
     m = pd.DataFrame({"step": np.arange(4), "loss": [1.0, 0.5, 0.4, 0.3]})
     panel.runs = [Run(cfg, m, None)]
@@ -67,7 +67,7 @@ def test_a_norm_without_gains_gets_a_note_instead_of_a_clamp_curve():
 
 
 def test_train_live_reports_every_segment_and_the_end():
-    cfg = proxy.Config(recipe="fp32", **SMALL)
+    cfg = mxp.Config(recipe="fp32", **SMALL)
     seen = []
     run = train_live(cfg, None, lambda step, r: seen.append((step, len(r.metrics))))
     assert seen == [(10, 10), (20, 20), (20, 20)] and len(run.metrics) == 20
@@ -76,7 +76,7 @@ def test_train_live_reports_every_segment_and_the_end():
 @pytest.mark.slow
 def test_train_button_path_trains_fp32_alongside_live_and_stores(tmp_path):
     store = tmp_path / "runs"
-    panel = proxy.explore(store=store, **SMALL)
+    panel = mxp.explore(store=store, **SMALL)
     panel.controls["recipes"].value = ("mxfp8_e4m3",)
     panel.controls["act"].value = "relu2"
     panel.controls["norm"].value = "rmsnorm"
@@ -117,10 +117,10 @@ def test_results_follow_the_latest_press_of_train(monkeypatch):
         on_update(config.steps, run)
         return run
 
-    monkeypatch.setattr(sys.modules["proxy.explore"], "train_live", fake_train_live)  # the module, not proxy.explore()
-    panel = proxy.explore(**SMALL)
+    monkeypatch.setattr(sys.modules["mxp.explore"], "train_live", fake_train_live)  # the module, not mxp.explore()
+    panel = mxp.explore(**SMALL)
     assert panel.table().empty and "Nothing trained yet" in panel.conclusions()
-    assert panel._repr_mimebundle_()["text/plain"].startswith("proxy.explore() panel")  # not VBox(children=...)
+    assert panel._repr_mimebundle_()["text/plain"].startswith("mxp.explore() panel")  # not VBox(children=...)
 
     seen = []
     for seed, steps in ((0, 20), (1, 30)):

@@ -1,7 +1,7 @@
-"""``proxy figures``: every figure of the registry is written at the smoke
-scale by the real command (every experiment of ``proxy.paper`` trains), and
+"""``mx-proxy figures``: every figure of the registry is written at the smoke
+scale by the real command (every experiment of ``mx_proxy.experiments.paper`` trains), and
 a second call loads the stored runs instead of training; plus the run
-analysis of ``proxy.paper`` on hand-made metrics."""
+analysis of ``mx_proxy.experiments.paper`` on hand-made metrics."""
 
 import os
 import subprocess
@@ -11,16 +11,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from proxy import Config, analysis, beyond, paper, plots
-from proxy.figures import FIGURES, HEADLINE
-from proxy.run import Run
+from mx_proxy import Config
+from mx_proxy.experiments import analysis, beyond, paper
+from mx_proxy.training.result import Run
+from mx_proxy.viz import plots
+from mx_proxy.viz.figures import FIGURES, HEADLINE
 
 PAPER_FIGURES = {"lr_sweep": 2, "ablations": 3, "gradient_bias": 4, "sawtooth": 5, "ln_clamping": 5, "mitigations": 6,
                  "interventions": 7, "spikes_vs_shape": 9, "sgd_momentum": 10, "init_ablation": 11}
 
 
 def _figures(out, env, store, *extra):
-    return subprocess.run([sys.executable, "-m", "proxy.cli", "figures", "--scale", "smoke", "--out", str(out),
+    return subprocess.run([sys.executable, "-m", "mx_proxy.cli", "figures", "--scale", "smoke", "--out", str(out),
                            "--store", str(store), "--results", str(out / "no-results"), *extra],
                           env=env, capture_output=True, text=True, timeout=1800)
 

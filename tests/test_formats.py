@@ -1,4 +1,4 @@
-"""proxy.formats: each ElementFormat checked against ml_dtypes and the OCP MX tables."""
+"""mxp.formats: each ElementFormat checked against ml_dtypes and the OCP MX tables."""
 
 import dataclasses
 
@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from proxy import formats
+from mx_proxy.numerics import formats
 
 FLOAT_MX = ("fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1")
 MX = FLOAT_MX + ("int8",)

@@ -1,4 +1,4 @@
-"""No library module chooses a matplotlib backend; the ``proxy`` command chooses Agg unless MPLBACKEND names one.
+"""No library module chooses a matplotlib backend; the ``mx-proxy`` command chooses Agg unless MPLBACKEND names one.
 Each case runs in a fresh process without MPLBACKEND (the test process itself sets it in conftest)."""
 
 import os
@@ -20,11 +20,11 @@ def _backend(code: str, **env) -> str:
 
 
 def test_importing_the_library_leaves_the_backend_unchosen():
-    code = "import proxy, proxy.plots, proxy.figures, proxy.explore; import matplotlib.pyplot"
+    code = "import mx_proxy as mxp, mx_proxy.viz.plots, mx_proxy.viz.figures, mx_proxy.viz.explore; import matplotlib.pyplot"
     assert _backend(code) == "None"
 
 
 def test_the_command_chooses_agg_unless_mplbackend_says_otherwise():
-    code = "from proxy import cli; assert cli.main(['bench', 'no-such-benchmark']) == 2"
+    code = "from mx_proxy.cli import main as cli; assert cli.main(['bench', 'no-such-benchmark']) == 2"
     assert _backend(code).lower() == "agg"
     assert _backend(code, MPLBACKEND="svg") == "svg"

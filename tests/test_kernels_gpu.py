@@ -3,8 +3,8 @@
 Run on a GPU machine: ``python -m pytest tests/test_kernels_gpu.py -v`` (or
 ``python scripts/gpu_kernels.py``, which runs this file first). Same checks as
 the interpreted tests, at sizes that span many tiles: quantized values bit
-for bit; products within :func:`kernels.mx_matmul.accumulation_tolerance`,
-or :func:`~kernels.mx_matmul.mma_tolerance` where the FP8 tensor cores
+for bit; products within :func:`mx_proxy.pallas.matmul.accumulation_tolerance`,
+or :func:`~mx_proxy.pallas.matmul.mma_tolerance` where the FP8 tensor cores
 accumulate a 32-deep chunk; a benchmark smoke run.
 """
 
@@ -15,19 +15,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import proxy
-from kernels import mosaic_probe, mx_gemm, tuning
-from kernels import mx_matmul as mm
-from kernels import mx_operand as mop
-from kernels import mx_quantize as mxq
-from proxy.bench import kernels as bench
+import mx_proxy as mxp
+from mx_proxy.cli.bench import kernels as bench
+from mx_proxy.pallas import mosaic_probe, gemm as mx_gemm, tuning
+from mx_proxy.pallas import matmul as mm
+from mx_proxy.pallas import operand as mop
+from mx_proxy.pallas import quantize as mxq
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs an NVIDIA GPU (jax.default_backend() == 'gpu')"),
 ]
 
-E4M3, E5M2, E2M1 = proxy.MXSpec("fp8_e4m3"), proxy.MXSpec("fp8_e5m2"), proxy.MXSpec("fp4_e2m1")
+E4M3, E5M2, E2M1 = mxp.MXSpec("fp8_e4m3"), mxp.MXSpec("fp8_e5m2"), mxp.MXSpec("fp4_e2m1")
 
 
 def _rand(shape, seed, scale=1.0):
@@ -45,8 +45,8 @@ def _fp8_mma(a_spec, b_spec) -> bool:
 def _check(out, a, b, a_spec, b_spec):
     out = np.asarray(out, np.float32)
     ref = np.asarray(mm.mx_matmul_reference(a, b, a_spec, b_spec))
-    qa = np.asarray(a if a_spec is None else proxy.quantize(a, a_spec, 1))
-    qb = np.asarray(b if b_spec is None else proxy.quantize(b, b_spec, 0))
+    qa = np.asarray(a if a_spec is None else mxp.quantize(a, a_spec, 1))
+    qb = np.asarray(b if b_spec is None else mxp.quantize(b, b_spec, 0))
     tol = (mm.mma_tolerance if _fp8_mma(a_spec, b_spec) else mm.accumulation_tolerance)(qa, qb)
     assert np.array_equal(np.isnan(out), np.isnan(ref))
     ok = ~np.isnan(ref)
@@ -59,8 +59,8 @@ def test_mosaic_gpu_probe():
 
 
 @pytest.mark.parametrize("a_spec,b_spec", [
-    (E4M3, E4M3), (E5M2, E5M2), (E2M1, E2M1), (proxy.MXSpec("fp6_e2m3"), E2M1), (E4M3, E5M2),
-    (proxy.MXSpec("fp6_e3m2", scale_rule="rceil"), proxy.MXSpec("int8", rounding="away")), (E4M3, None),
+    (E4M3, E4M3), (E5M2, E5M2), (E2M1, E2M1), (mxp.MXSpec("fp6_e2m3"), E2M1), (E4M3, E5M2),
+    (mxp.MXSpec("fp6_e3m2", scale_rule="rceil"), mxp.MXSpec("int8", rounding="away")), (E4M3, None),
 ], ids=["e4m3", "e5m2", "e2m1", "fp6_fp4", "mixed", "fp6_int8", "e4m3_none"])
 def test_fused_compiled(a_spec, b_spec):
     a, b = _rand((300, 520), 0, 3.0), _rand((520, 200), 1)
@@ -75,7 +75,7 @@ def test_every_default_config_compiled(mode):
     for (m, _), cfg in tuning.DEFAULTS.items():
         if m == mode:
             _check(mm.mx_matmul(a, b, a_spec, b_spec, config=cfg), a, b, a_spec, b_spec)
-            if mode != "bf16":  # the FP8 path too (not the default on Pallas Triton: kernels/tuning.py)
+            if mode != "bf16":  # the FP8 path too (not the default on Pallas Triton: mx_proxy/pallas/tuning.py)
                 _check(mm.mx_matmul(a, b, a_spec, b_spec, config=cfg.replace(mma="fp8")), a, b, a_spec, b_spec)
     nk = mm.mx_matmul(a, b.T, a_spec, b_spec, b_layout="nk")
     assert np.array_equal(np.asarray(nk), np.asarray(mm.mx_matmul(a, b, a_spec, b_spec)))
@@ -93,13 +93,13 @@ def test_extreme_scales_compiled():
 
 @pytest.mark.parametrize("fmt", mxq.MX_FORMATS)
 def test_quantize_kernels_compiled(fmt):
-    spec = proxy.MXSpec(fmt)
+    spec = mxp.MXSpec(fmt)
     x = _rand((130, 300), 6) * jnp.exp2(jnp.arange(300) % 40 - 20.0)
     t = mxq.quantize_packed(x, spec, 1)
     ref = mxq.quantize_packed_reference(np.asarray(x), spec, 1)
     assert np.array_equal(np.asarray(t.codes), np.asarray(ref.codes))
     assert np.array_equal(np.asarray(t.scales), np.asarray(ref.scales))
-    fq = np.asarray(proxy.quantize(x, spec, 1))
+    fq = np.asarray(mxp.quantize(x, spec, 1))
     assert np.array_equal(np.asarray(mxq.dequantize(t)).view(np.uint32), fq.view(np.uint32))
     for k_axis, xx, want in ((1, x, fq), (0, x.T, fq)):
         op = mop.quantize_operand(xx, spec, k_axis)

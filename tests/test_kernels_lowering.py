@@ -2,7 +2,7 @@
 lowered for CUDA on this (CPU) machine, so Pallas-Triton lowering errors fail CI.
 
 Pallas lowers each kernel to a Triton-dialect (TTIR) module, embedded in an
-XLA custom call ``__gpu$xla.gpu.triton``; ``kernels.compile_check.triton_kernels``
+XLA custom call ``__gpu$xla.gpu.triton``; ``mx_proxy.pallas.compile_check.triton_kernels``
 pulls every module out, runs the MLIR verifier and returns its text. That
 catches unsupported primitives, non-power-of-two shapes, dtype and layout
 mistakes. Taking the TTIR on to PTX and cubin (registers, spills, shared
@@ -20,13 +20,13 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import proxy
-from kernels import backend, tuning
-from kernels import compile_check as cc
-from kernels import mx_gemm
-from kernels import mx_matmul as mm
-from kernels import mx_operand as mop
-from kernels import mx_quantize as mxq
+import mx_proxy as mxp
+from mx_proxy.pallas import backend, tuning
+from mx_proxy.pallas import compile_check as cc
+from mx_proxy.pallas import gemm as mx_gemm
+from mx_proxy.pallas import matmul as mm
+from mx_proxy.pallas import operand as mop
+from mx_proxy.pallas import quantize as mxq
 
 _POSSIBLE, _WHY_NOT = cc.lowering_possible()
 pytestmark = pytest.mark.skipif(not _POSSIBLE, reason=_WHY_NOT)
@@ -41,7 +41,7 @@ def kernel_names(f, *args) -> list[str]:
     return [k.name for k in kernels]
 
 
-SPECS = [proxy.MXSpec(f, scale_rule=r, rounding=m) for f in mxq.MX_FORMATS for r in ("floor", "rceil")
+SPECS = [mxp.MXSpec(f, scale_rule=r, rounding=m) for f in mxq.MX_FORMATS for r in ("floor", "rceil")
          for m in ("even", "away")]
 A = jax.ShapeDtypeStruct((256, 320), jnp.float32)  # ragged K: padded to whole tiles
 B = jax.ShapeDtypeStruct((320, 192), jnp.float32)
@@ -54,19 +54,19 @@ def test_fused_matmul_lowers(spec):
 
 
 @pytest.mark.parametrize("a_spec,b_spec,kw", [
-    (proxy.MXSpec("fp8_e4m3"), proxy.MXSpec("fp8_e5m2"), {}),
-    (proxy.MXSpec("fp8_e4m3"), proxy.MXSpec("fp4_e2m1"), {"block_sizes": (64, 64, 32)}),
-    (proxy.MXSpec("fp8_e4m3"), proxy.MXSpec("fp8_e4m3"), {"block_sizes": (128, 128, 64)}),
-    (proxy.MXSpec("fp8_e4m3"), proxy.MXSpec("int8", block_size=64), {"block_sizes": (32, 64, 128)}),
-    (proxy.MXSpec("fp6_e2m3", block_size=16), proxy.MXSpec("fp8_e5m2"), {}),
-    (proxy.MXSpec("fp8_e4m3"), proxy.MXSpec("fp8_e4m3"), {"out_dtype": jnp.bfloat16}),
+    (mxp.MXSpec("fp8_e4m3"), mxp.MXSpec("fp8_e5m2"), {}),
+    (mxp.MXSpec("fp8_e4m3"), mxp.MXSpec("fp4_e2m1"), {"block_sizes": (64, 64, 32)}),
+    (mxp.MXSpec("fp8_e4m3"), mxp.MXSpec("fp8_e4m3"), {"block_sizes": (128, 128, 64)}),
+    (mxp.MXSpec("fp8_e4m3"), mxp.MXSpec("int8", block_size=64), {"block_sizes": (32, 64, 128)}),
+    (mxp.MXSpec("fp6_e2m3", block_size=16), mxp.MXSpec("fp8_e5m2"), {}),
+    (mxp.MXSpec("fp8_e4m3"), mxp.MXSpec("fp8_e4m3"), {"out_dtype": jnp.bfloat16}),
 ], ids=["mixed", "fp4_bk32", "tiles128", "bs64", "bs16", "out_bf16"])
 def test_fused_matmul_variants_lower(a_spec, b_spec, kw):
     f = functools.partial(mm.mx_matmul, a_spec=a_spec, b_spec=b_spec, interpret=False, **kw)
     assert kernel_names(f, A, B) == FUSED
 
 
-@pytest.mark.parametrize("a_spec,b_spec", [(proxy.MXSpec("fp8_e4m3"), None), (None, proxy.MXSpec("fp4_e2m1")),
+@pytest.mark.parametrize("a_spec,b_spec", [(mxp.MXSpec("fp8_e4m3"), None), (None, mxp.MXSpec("fp4_e2m1")),
                                            (None, None)], ids=["b_none", "a_none", "both_none"])
 def test_unquantized_gemms_never_go_through_pallas(a_spec, b_spec):
     f = functools.partial(mm.mx_matmul, a_spec=a_spec, b_spec=b_spec, interpret=False)
@@ -76,7 +76,7 @@ def test_unquantized_gemms_never_go_through_pallas(a_spec, b_spec):
 
 @pytest.mark.parametrize("a_layout,b_layout", [("mk", "nk"), ("km", "kn"), ("km", "nk")])
 def test_fused_matmul_layouts_lower(a_layout, b_layout):
-    f = functools.partial(mm.mx_matmul, a_spec=proxy.MXSpec("fp8_e4m3"), b_spec=proxy.MXSpec("fp4_e2m1"),
+    f = functools.partial(mm.mx_matmul, a_spec=mxp.MXSpec("fp8_e4m3"), b_spec=mxp.MXSpec("fp4_e2m1"),
                           interpret=False, a_layout=a_layout, b_layout=b_layout)
     a = A if a_layout == "mk" else jax.ShapeDtypeStruct((320, 256), jnp.float32)
     b = B if b_layout == "kn" else jax.ShapeDtypeStruct((192, 320), jnp.bfloat16)
@@ -101,7 +101,7 @@ def test_scaled_matmul_lowers(fmt, a_layout, b_layout):
 
 
 def _operand(fmt: str, bs: int = 32, size: int = 512):
-    spec = proxy.MXSpec(fmt, block_size=bs)
+    spec = mxp.MXSpec(fmt, block_size=bs)
     f = functools.partial(mop.quantize_operand, spec=spec, k_axis=1, row_multiple=128, k_multiple=128, interpret=True)
     return jax.eval_shape(f, jax.ShapeDtypeStruct((size, size), jnp.float32))
 
@@ -117,7 +117,7 @@ def test_every_tuning_candidate_and_default_lowers(mode):
         assert kernel_names(functools.partial(mx_gemm.gemm, config=cfg, interpret=False), a, b) == ["mx_gemm"]
 
 
-@pytest.mark.parametrize("spec", [proxy.MXSpec(f, scale_rule=r) for f in mxq.MX_FORMATS for r in ("floor", "rceil")],
+@pytest.mark.parametrize("spec", [mxp.MXSpec(f, scale_rule=r) for f in mxq.MX_FORMATS for r in ("floor", "rceil")],
                          ids=lambda s: s.name)
 def test_quantize_kernels_lower(spec):
     x = jax.ShapeDtypeStruct((96, 200), jnp.float32)
@@ -132,12 +132,12 @@ def test_quantize_kernels_lower(spec):
 
 def test_rank3_quantize_lowers():
     x = jax.ShapeDtypeStruct((4, 96, 40), jnp.bfloat16)
-    f = functools.partial(mxq.quantize_packed, spec=proxy.MXSpec("fp8_e5m2"), axis=1, interpret=False)
+    f = functools.partial(mxq.quantize_packed, spec=mxp.MXSpec("fp8_e5m2"), axis=1, interpret=False)
     assert kernel_names(f, x) == ["mx_quantize"]
 
 
 def test_two_pass_mx_dot_lowers():
-    f = functools.partial(mm.mx_dot, a_spec=proxy.MXSpec("fp8_e4m3"), b_spec=proxy.MXSpec("fp8_e4m3"),
+    f = functools.partial(mm.mx_dot, a_spec=mxp.MXSpec("fp8_e4m3"), b_spec=mxp.MXSpec("fp8_e4m3"),
                           method="two_pass", interpret=False)
     assert kernel_names(f, jax.ShapeDtypeStruct((4, 64, 320), jnp.float32), B) == \
         ["mx_quantize", "mx_quantize", "mx_gemm"]

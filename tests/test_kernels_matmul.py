@@ -1,5 +1,5 @@
-"""kernels.mx_matmul: fused and prequantized MX matmuls (interpreted on CPU)
-against proxy.quantize + jnp.dot, jax.lax.scaled_dot and each other.
+"""mx_proxy.pallas.matmul: fused and prequantized MX matmuls (interpreted on CPU)
+against mxp.quantize + jnp.dot, jax.lax.scaled_dot and each other.
 
 Tolerance: quantized values must be exact; products may differ from the
 reference only by float32 summation order, bounded elementwise by
@@ -16,19 +16,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import proxy
-from kernels import backend, mx_gemm, tuning
-from kernels import mx_matmul as mm
-from kernels import mx_operand as mop
-from kernels import mx_quantize as mxq
+import mx_proxy as mxp
+from mx_proxy.pallas import backend, gemm as mx_gemm, tuning
+from mx_proxy.pallas import matmul as mm
+from mx_proxy.pallas import operand as mop
+from mx_proxy.pallas import quantize as mxq
 
-E4M3, E5M2, E2M1 = proxy.MXSpec("fp8_e4m3"), proxy.MXSpec("fp8_e5m2"), proxy.MXSpec("fp4_e2m1")
+E4M3, E5M2, E2M1 = mxp.MXSpec("fp8_e4m3"), mxp.MXSpec("fp8_e5m2"), mxp.MXSpec("fp4_e2m1")
 SMALL_TILES = (16, 16, 32)  # several grid programs and K steps on small problems
 
 
 def _quantized(x, spec, axis):
     x = jnp.asarray(x)
-    return np.asarray(x, np.float32) if spec is None else np.asarray(proxy.quantize(x, spec, axis))
+    return np.asarray(x, np.float32) if spec is None else np.asarray(mxp.quantize(x, spec, axis))
 
 
 def _compiled_fp8(a_spec, b_spec) -> bool:
@@ -64,10 +64,10 @@ FORMAT_PAIRS = [  # every format once, same and mixed pairs, and unquantized ope
     (E4M3, E4M3),
     (E5M2, E5M2),
     (E4M3, E5M2),  # the paper's "mixed" recipe pairs E4M3 activations with E5M2 gradients
-    (proxy.MXSpec("fp6_e3m2"), proxy.MXSpec("fp6_e2m3")),
-    (proxy.MXSpec("int8"), E2M1),
+    (mxp.MXSpec("fp6_e3m2"), mxp.MXSpec("fp6_e2m3")),
+    (mxp.MXSpec("int8"), E2M1),
     (E4M3, None),
-    (None, proxy.MXSpec("fp6_e2m3")),
+    (None, mxp.MXSpec("fp6_e2m3")),
 ]
 
 
@@ -80,7 +80,7 @@ def test_fused_formats_ragged(a_spec, b_spec):
 @pytest.mark.parametrize("scale_rule", ["floor", "rceil"])
 @pytest.mark.parametrize("rounding", ["even", "away"])
 def test_fused_scale_rules_and_roundings_multi_tile(scale_rule, rounding):
-    spec = proxy.MXSpec("fp8_e4m3", scale_rule=scale_rule, rounding=rounding)
+    spec = mxp.MXSpec("fp8_e4m3", scale_rule=scale_rule, rounding=rounding)
     a, b = rand((40, 100), 2), rand((100, 50), 3) * np.exp2(np.arange(50) % 7).astype(np.float32)
     out = mm.mx_matmul(a, b, spec, spec.replace(element="fp4_e2m1"), block_sizes=SMALL_TILES)
     assert_close_to_reference(out, a, b, spec, spec.replace(element="fp4_e2m1"))
@@ -103,8 +103,8 @@ def magnitude_cases():
     return a, b
 
 
-@pytest.mark.parametrize("spec", [E4M3, proxy.MXSpec("fp8_e4m3", scale_rule="rceil"), E2M1,
-                                  proxy.MXSpec("int8", rounding="away")], ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", [E4M3, mxp.MXSpec("fp8_e4m3", scale_rule="rceil"), E2M1,
+                                  mxp.MXSpec("int8", rounding="away")], ids=lambda s: s.name)
 def test_fused_tiny_huge_zero_nan(spec):
     a, b = magnitude_cases()
     out = np.asarray(mm.mx_matmul(a, b, spec, E5M2, block_sizes=(16, 16, 64)))
@@ -113,14 +113,14 @@ def test_fused_tiny_huge_zero_nan(spec):
     assert_close_to_reference(out, a, b, spec, E5M2)
 
 
-@pytest.mark.parametrize("spec", [E4M3, proxy.MXSpec("fp6_e3m2", scale_rule="rceil", rounding="away"),
-                                  proxy.MXSpec("int8")], ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", [E4M3, mxp.MXSpec("fp6_e3m2", scale_rule="rceil", rounding="away"),
+                                  mxp.MXSpec("int8")], ids=lambda s: s.name)
 def test_fused_quantized_values_exact(spec):
     # a @ I returns the kernel's quantized a itself: exact, bit for bit up to the sign of zero
     a, _ = magnitude_cases()
     a = a[:, :70]  # ragged K
     eye = np.eye(70, dtype=np.float32)
-    q = np.asarray(proxy.quantize(jnp.asarray(a), spec, 1))
+    q = np.asarray(mxp.quantize(jnp.asarray(a), spec, 1))
     for b_spec in (None, E4M3):  # the identity survives MX quantization unchanged
         out = np.asarray(mm.mx_matmul(a, eye, spec, b_spec, block_sizes=(16, 32, 32)))
         nan_rows = np.isnan(q).any(axis=1)  # NaN * 0 spreads a NaN block over its whole output row
@@ -177,7 +177,7 @@ def test_scaled_matches_lax_scaled_dot(a_spec, b_spec):
 @pytest.mark.parametrize("fmt", ["fp8_e5m2", "fp6_e3m2", "fp4_e2m1", "int8"])
 def test_scaled_equals_fused_bit_for_bit(fmt):
     # same tiles, same dequantized values, same dot order: identical float32 results
-    spec = proxy.MXSpec(fmt, scale_rule="rceil")
+    spec = mxp.MXSpec(fmt, scale_rule="rceil")
     a, b = magnitude_cases()
     a, b = a[:, :100], b[:100]
     pa, pb = _packed(a, spec, 1), _packed(b, E4M3, 0)
@@ -190,7 +190,7 @@ def test_scaled_equals_fused_bit_for_bit(fmt):
 
 
 def test_scaled_kmajor_b_and_block_size_16():
-    spec = proxy.MXSpec("fp6_e2m3", block_size=16)
+    spec = mxp.MXSpec("fp6_e2m3", block_size=16)
     a, b = rand((20, 64), 9), rand((33, 64), 10)  # b given as (N, K): the jax.nn.scaled_matmul layout
     pa, pb = _packed(a, spec, 1), _packed(b, E5M2, 1)
     out = np.asarray(mm.mx_scaled_matmul(pa.codes, pa.scales, pb.codes, pb.scales, pa.element, pb.element,
@@ -211,7 +211,7 @@ def test_mx_dot_batch_axes_layouts_and_methods():
     assert y.shape == (2, 5, 40)
     assert_close_to_reference(y.reshape(10, 40), x.reshape(10, 72), w.T, E4M3, E4M3)
     # two_pass with different block sizes per operand: both padded to whole blocks of each
-    w64 = proxy.MXSpec("fp8_e5m2", block_size=64)
+    w64 = mxp.MXSpec("fp8_e5m2", block_size=64)
     y2 = np.asarray(mm.mx_dot(x, w, E4M3, w64, b_contract_axis=1, method="two_pass", block_sizes=(16, 16, 64)))
     y3 = np.asarray(mm.mx_dot(x, w, E4M3, w64, b_contract_axis=1, block_sizes=(16, 16, 64)))
     assert np.array_equal(y2, y3)
@@ -248,7 +248,7 @@ def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="contraction sizes differ"):
         mm.mx_matmul(a, jnp.ones((65, 32)), E4M3, E4M3)
     with pytest.raises(ValueError, match="stochastic"):
-        mm.mx_matmul(a, b, proxy.MXSpec("fp8_e4m3", rounding="stochastic"), E4M3)
+        mm.mx_matmul(a, b, mxp.MXSpec("fp8_e4m3", rounding="stochastic"), E4M3)
     with pytest.raises(ValueError, match="power of two"):
         mm.mx_matmul(a, b, E4M3, E4M3, block_sizes=(48, 16, 32))
     with pytest.raises(ValueError, match=">= 16"):
@@ -256,7 +256,7 @@ def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="bk=16 must be a multiple of 32"):
         mm.mx_matmul(a, b, E4M3, E4M3, block_sizes=(16, 16, 16))
     with pytest.raises(ValueError, match="power of two"):
-        mm.mx_matmul(a, b, proxy.MXSpec("fp8_e4m3", block_size=48), E4M3)
+        mm.mx_matmul(a, b, mxp.MXSpec("fp8_e4m3", block_size=48), E4M3)
     with pytest.raises(ValueError, match="b_layout"):
         mm.mx_matmul(a, b, E4M3, E4M3, b_layout="t")
     with pytest.raises(ValueError, match="a_layout"):
@@ -311,9 +311,9 @@ def test_backend_choice():
 
 
 @pytest.mark.parametrize("a_spec,b_spec,mode", [
-    (E4M3, E4M3, "fp8"), (E5M2, E5M2, "fp8"), (E2M1, E2M1, "fp8_fp4"), (proxy.MXSpec("fp6_e2m3"), E2M1, "fp8_fp4"),
-    (proxy.MXSpec("fp6_e3m2"), E4M3, "fp8"), (E4M3, E5M2, "bf16"), (proxy.MXSpec("int8"), proxy.MXSpec("int8"), "bf16"),
-    (proxy.MXSpec("fp8_e4m3", block_size=16), E4M3, "bf16"), (proxy.MXSpec("fp8_e4m3", block_size=64), E4M3, "fp8"),
+    (E4M3, E4M3, "fp8"), (E5M2, E5M2, "fp8"), (E2M1, E2M1, "fp8_fp4"), (mxp.MXSpec("fp6_e2m3"), E2M1, "fp8_fp4"),
+    (mxp.MXSpec("fp6_e3m2"), E4M3, "fp8"), (E4M3, E5M2, "bf16"), (mxp.MXSpec("int8"), mxp.MXSpec("int8"), "bf16"),
+    (mxp.MXSpec("fp8_e4m3", block_size=16), E4M3, "bf16"), (mxp.MXSpec("fp8_e4m3", block_size=64), E4M3, "fp8"),
 ], ids=lambda v: v if isinstance(v, str) else v.name)
 def test_mma_modes(a_spec, b_spec, mode):
     da, db = mop.GEMM_DTYPES[a_spec.element.name], mop.GEMM_DTYPES[b_spec.element.name]

@@ -1,6 +1,6 @@
-"""kernels.mx_operand: the K-major GEMM operand form (FP8 codes, FP6 as E4M3
+"""mx_proxy.pallas.operand: the K-major GEMM operand form (FP8 codes, FP6 as E4M3
 codes, FP4 packed two per byte), made by the quantize kernel (interpreted on
-CPU) and from ml_dtypes-layout codes, bit for bit against proxy.quantize."""
+CPU) and from ml_dtypes-layout codes, bit for bit against mxp.quantize."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from test_kernels_quantize import edge_case_matrix, same_bits
 
-import proxy
-from kernels import mx_operand as mop
-from kernels import mx_quantize as mxq
-from proxy.mx import element
+import mx_proxy as mxp
+from mx_proxy.numerics.mx import element
+from mx_proxy.pallas import operand as mop
+from mx_proxy.pallas import quantize as mxq
 
 
 def _data():
@@ -23,11 +23,11 @@ def _data():
 @pytest.mark.parametrize("fmt,rule,rounding", [(f, *(("floor", "even"), ("rceil", "away"))[i % 2])
                                                for i, f in enumerate(mxq.MX_FORMATS)] + [("fp8_e4m3", "rceil", "away")])
 def test_operand_values_are_proxy_quantize(fmt, rule, rounding):
-    spec = proxy.MXSpec(fmt, scale_rule=rule, rounding=rounding)
+    spec = mxp.MXSpec(fmt, scale_rule=rule, rounding=rounding)
     x = _data()
     for k_axis, xx in ((1, x), (0, np.ascontiguousarray(x.T))):
         op = mop.quantize_operand(jnp.asarray(xx), spec, k_axis, row_multiple=16, k_multiple=64)
-        ref = np.asarray(proxy.quantize(jnp.asarray(xx), spec, k_axis))
+        ref = np.asarray(mxp.quantize(jnp.asarray(xx), spec, k_axis))
         assert same_bits(mop.operand_values(op), ref if k_axis == 1 else ref.T)
         assert (op.rows, op.k, op.block_size, op.element) == (40, 200, 32, fmt)
         kp = 256  # 200 padded to a multiple of 64
@@ -36,7 +36,7 @@ def test_operand_values_are_proxy_quantize(fmt, rule, rounding):
 
 @pytest.mark.parametrize("fmt", mxq.MX_FORMATS)
 def test_operand_from_codes_matches_the_kernel(fmt):
-    spec = proxy.MXSpec(fmt)
+    spec = mxp.MXSpec(fmt)
     x = _data()
     t = mxq.quantize_packed(jnp.asarray(x), spec, 1)
     from_codes = mop.operand_from_codes(t.codes, t.scales, fmt, 32, 1, k=t.length)
@@ -51,8 +51,8 @@ def test_operand_from_codes_matches_the_kernel(fmt):
 def test_fp6_and_fp4_reach_the_gemm_as_e4m3_codes():
     x = _data()[:8, :128]
     for fmt in ("fp6_e3m2", "fp6_e2m3"):
-        op = mop.quantize_operand(jnp.asarray(x), proxy.MXSpec(fmt), 1)
-        t = mxq.quantize_packed(jnp.asarray(x), proxy.MXSpec(fmt), 1)
+        op = mop.quantize_operand(jnp.asarray(x), mxp.MXSpec(fmt), 1)
+        t = mxq.quantize_packed(jnp.asarray(x), mxp.MXSpec(fmt), 1)
         elem = t.codes_as_ml_dtype().astype(np.float32)  # the element values, unscaled
         want = elem.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
         nan_blocks = np.repeat(np.asarray(t.scales) == mxq.NAN_SCALE, 32, axis=1)
@@ -67,7 +67,7 @@ def test_fp4_pair_layout():
     vals = codes.astype(np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
     vals[::32] = 6.0  # every block's amax is 6: scale 2**0, elements unchanged
     x = np.tile(vals, (16, 1))
-    op = mop.quantize_operand(jnp.asarray(x), proxy.MXSpec("fp4_e2m1"), 1)
+    op = mop.quantize_operand(jnp.asarray(x), mxp.MXSpec("fp4_e2m1"), 1)
     want_codes = vals.astype(ml_dtypes.float4_e2m1fn).view(np.uint8).reshape(2, 2, 32)
     want = want_codes[:, 0, :] | (want_codes[:, 1, :] << 4)
     assert op.data.dtype == jnp.uint8
@@ -81,12 +81,12 @@ def test_zero_blocks_carry_scale_one_nan_and_tiny_blocks_keep_theirs():
     x[1, 32:64] = -0.0
     x[2, 64] = np.nan  # NaN block
     x[3, 96:] = 1e-38  # tiny but nonzero: its scale (byte 0) stays
-    op = mop.quantize_operand(jnp.asarray(x), proxy.MXSpec("fp8_e4m3"), 1)
+    op = mop.quantize_operand(jnp.asarray(x), mxp.MXSpec("fp8_e4m3"), 1)
     s = np.asarray(op.scales)
     assert s[0, 0] == 127 and s[1, 1] == 127 and s[2, 2] == 255 and s[3, 3] == 0
-    t = mxq.quantize_packed(jnp.asarray(x), proxy.MXSpec("fp8_e4m3"), 1)
+    t = mxq.quantize_packed(jnp.asarray(x), mxp.MXSpec("fp8_e4m3"), 1)
     assert np.asarray(t.scales)[0, 0] == 0  # the packed (public) form keeps the E8M0 semantics
-    assert same_bits(mop.operand_values(op), proxy.quantize(jnp.asarray(x), proxy.MXSpec("fp8_e4m3"), 1))
+    assert same_bits(mop.operand_values(op), mxp.quantize(jnp.asarray(x), mxp.MXSpec("fp8_e4m3"), 1))
 
 
 def test_e2m1_to_e4m3_every_code():
@@ -99,10 +99,10 @@ def test_e2m1_to_e4m3_every_code():
 def test_bad_input_is_refused():
     x = jnp.ones((16, 64))
     with pytest.raises(ValueError, match="float matrix"):
-        mop.quantize_operand(jnp.ones((2, 16, 64)), proxy.MXSpec("fp8_e4m3"), 1)
+        mop.quantize_operand(jnp.ones((2, 16, 64)), mxp.MXSpec("fp8_e4m3"), 1)
     with pytest.raises(ValueError, match="k_axis must be 0 or 1"):
-        mop.quantize_operand(x, proxy.MXSpec("fp8_e4m3"), 2)
+        mop.quantize_operand(x, mxp.MXSpec("fp8_e4m3"), 2)
     with pytest.raises(ValueError, match="row_multiple must be a power of two"):
-        mop.quantize_operand(x, proxy.MXSpec("fp8_e4m3"), 1, row_multiple=24)
+        mop.quantize_operand(x, mxp.MXSpec("fp8_e4m3"), 1, row_multiple=24)
     with pytest.raises(ValueError, match="stochastic"):
-        mop.quantize_operand(x, proxy.MXSpec("fp8_e4m3", rounding="stochastic"), 1)
+        mop.quantize_operand(x, mxp.MXSpec("fp8_e4m3", rounding="stochastic"), 1)

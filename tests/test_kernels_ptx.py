@@ -1,10 +1,10 @@
 """The GPU path to machine code without a GPU: Triton IR of the kernels compiled
 to sm_90 cubin with Triton's own compiler and ptxas, checked for register
-spills and shared memory over Hopper's 227 KB (``kernels.compile_check``).
+spills and shared memory over Hopper's 227 KB (``mx_proxy.pallas.compile_check``).
 
 Needs a Python with the ``triton`` package (this one, or the one named by
 ``PROXY_TRITON_PYTHON``); skipped with that reason otherwise. The full table
-of every configuration: ``python -m kernels.compile_check``.
+of every configuration: ``python -m mx_proxy.pallas.compile_check``.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import proxy
-from kernels import compile_check as cc
-from kernels import mx_gemm, tuning
-from kernels import mx_operand as mop
+import mx_proxy as mxp
+from mx_proxy.pallas import compile_check as cc
+from mx_proxy.pallas import gemm as mx_gemm, tuning
+from mx_proxy.pallas import operand as mop
 
 _LOWER, _WHY_NOT = cc.lowering_possible()
 _PYTHON = cc.triton_python()
@@ -34,7 +34,7 @@ def _kernels(f, *args):
 
 
 def _operand(fmt, size=1024):
-    f = functools.partial(mop.quantize_operand, spec=proxy.MXSpec(fmt), k_axis=1, row_multiple=256, k_multiple=128,
+    f = functools.partial(mop.quantize_operand, spec=mxp.MXSpec(fmt), k_axis=1, row_multiple=256, k_multiple=128,
                           interpret=True)
     return jax.eval_shape(f, jax.ShapeDtypeStruct((size, size), jnp.float32))
 
@@ -43,7 +43,7 @@ def test_default_configurations_compile_without_spills():
     kernels = []
     x = jax.ShapeDtypeStruct((512, 256), jnp.float32)
     for fmt, k_axis in (("fp8_e4m3", 1), ("fp4_e2m1", 0)):
-        kernels += _kernels(functools.partial(mop.quantize_operand, spec=proxy.MXSpec(fmt), k_axis=k_axis,
+        kernels += _kernels(functools.partial(mop.quantize_operand, spec=mxp.MXSpec(fmt), k_axis=k_axis,
                                               interpret=False), x)
     pairs = {"fp8": ("fp8_e4m3", "fp8_e4m3"), "fp8_fp4": ("fp4_e2m1", "fp8_e4m3"), "bf16": ("fp8_e4m3", "fp8_e5m2")}
     for mode, (fa, fb) in pairs.items():

@@ -1,5 +1,5 @@
-"""kernels.mx_quantize: the in-kernel MX bit arithmetic, the packed quantize
-kernel and the dequantize kernel, bit for bit against ``proxy.quantize`` and
+"""mx_proxy.pallas.quantize: the in-kernel MX bit arithmetic, the packed quantize
+kernel and the dequantize kernel, bit for bit against ``mxp.quantize`` and
 an independent float64 / ml_dtypes oracle. Kernels run interpreted on CPU."""
 
 from __future__ import annotations
@@ -12,18 +12,18 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import proxy
-from kernels import mx_quantize as mxq
+import mx_proxy as mxp
+from mx_proxy.pallas import quantize as mxq
 
 FORMATS = mxq.MX_FORMATS
-FLOAT_FORMATS = tuple(f for f in FORMATS if not proxy.formats.get(f).is_integer)
+FLOAT_FORMATS = tuple(f for f in FORMATS if not mxp.formats.get(f).is_integer)
 
 
 # ----------------------------------------------------------------------------
 # an independent oracle: float64 arithmetic and ml_dtypes casts
 
 
-def oracle_quantize(x, spec: proxy.MXSpec, axis: int = 1) -> np.ndarray:
+def oracle_quantize(x, spec: mxp.MXSpec, axis: int = 1) -> np.ndarray:
     """float32 MX fake-quantization of a 2-D array blocked along ``axis`` (whole blocks)."""
     fmt, bs = spec.element, spec.block_size
     x = np.moveaxis(np.asarray(x, np.float32), axis, 1)
@@ -41,7 +41,7 @@ def oracle_quantize(x, spec: proxy.MXSpec, axis: int = 1) -> np.ndarray:
     nan |= e > 127
     e = np.minimum(e, 127)
     # rceil never saturates, also where max_normal * 2**e exceeds float32 (a value rounding past
-    # float32 max then becomes Inf, as in proxy.reference)
+    # float32 max then becomes Inf, as in mx_proxy.numerics.reference)
     sat = fmt.max_normal
     y = np.clip(xb / np.exp2(e.astype(np.float64)), -sat, sat)
     y = np.where(np.isfinite(y), y, 0.0)
@@ -103,8 +103,8 @@ def tie_matrix(fmt_name: str) -> np.ndarray:
     """Every code, every midpoint between neighbouring codes, and their float32
     neighbours, in blocks whose scale exponent is e = 0 - j for several j
     (rows scaled by 2**-j), so ties fall on every grid position."""
-    fmt = proxy.formats.get(fmt_name)
-    codes = proxy.formats.positive_codes(fmt)
+    fmt = mxp.formats.get(fmt_name)
+    codes = mxp.formats.positive_codes(fmt)
     pts = np.concatenate([[codes[0] / 2], codes, (codes[:-1] + codes[1:]) / 2]).astype(np.float32)
     pts = np.concatenate([pts, np.nextafter(pts, np.float32(0)), np.nextafter(pts, np.float32(np.inf))])
     per_block = 31
@@ -118,7 +118,7 @@ def tie_matrix(fmt_name: str) -> np.ndarray:
     return np.concatenate(rows).astype(np.float32)
 
 
-SPECS = [proxy.MXSpec(f, scale_rule=r, rounding=m)
+SPECS = [mxp.MXSpec(f, scale_rule=r, rounding=m)
          for f in FORMATS for r in ("floor", "rceil") for m in ("even", "away")]
 
 
@@ -135,7 +135,7 @@ def _tile(x, spec, axis):
 def test_tile_matches_proxy_and_oracle(spec):
     x = edge_case_matrix()
     got = np.asarray(_tile(jnp.asarray(x), spec, 1))
-    assert same_bits(got, proxy.quantize(jnp.asarray(x), spec, 1))
+    assert same_bits(got, mxp.quantize(jnp.asarray(x), spec, 1))
     assert same_bits(got, oracle_quantize(x, spec, 1))
     if spec.rounding == "away" and spec.scale_rule == "rceil":  # the same along axis 0 (a subset: compile time)
         assert same_bits(_tile(jnp.asarray(x.T), spec, 0), got.T)
@@ -144,7 +144,7 @@ def test_tile_matches_proxy_and_oracle(spec):
 @pytest.mark.parametrize("rounding", ["even", "away"])
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_tile_matches_oracle_on_every_code_and_tie(fmt, rounding):
-    spec = proxy.MXSpec(fmt, rounding=rounding)
+    spec = mxp.MXSpec(fmt, rounding=rounding)
     x = tie_matrix(fmt) if fmt != "int8" else np.concatenate(
         [np.full((4, 1), 127 / 64, np.float32), (np.arange(4 * 31).reshape(4, 31) / 128).astype(np.float32)], axis=1)
     got = np.asarray(_tile(jnp.asarray(x), spec, 1))
@@ -153,17 +153,17 @@ def test_tile_matches_oracle_on_every_code_and_tie(fmt, rounding):
 
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp6_e2m3", "fp4_e2m1"])
 def test_proxy_agrees_with_kernel_at_subnormal_ties(fmt):
-    spec = proxy.MXSpec(fmt)
+    spec = mxp.MXSpec(fmt)
     x = tie_matrix(fmt)
     kernel = np.asarray(_tile(jnp.asarray(x), spec, 1))
-    assert same_bits(proxy.quantize(jnp.asarray(x), spec, 1), kernel)
+    assert same_bits(mxp.quantize(jnp.asarray(x), spec, 1), kernel)
 
 
 def test_subnormal_tie_example():
     # 1.5 * 2**-9 lies halfway between E4M3's two smallest codes (2**-9, 2**-8) in a block with e = 0
     x = np.zeros((1, 32), np.float32)
     x[0, 0], x[0, 1] = 448.0, 1.5 * 2.0**-9
-    got = np.asarray(_tile(jnp.asarray(x), proxy.MXSpec("fp8_e4m3"), 1))
+    got = np.asarray(_tile(jnp.asarray(x), mxp.MXSpec("fp8_e4m3"), 1))
     assert got[0, 1] == np.float32(1.5 * 2.0**-9).astype(ml_dtypes.float8_e4m3fn).astype(np.float32) == 2.0**-8
 
 
@@ -173,7 +173,7 @@ def test_subnormal_tie_example():
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_decode_every_code_and_scale(fmt):
-    f = proxy.formats.get(fmt)
+    f = mxp.formats.get(fmt)
     width = 256
     codes = np.tile(np.arange(width) % (1 << f.bits), (8, 1)).astype(np.uint8)
     scales = np.array([0, 1, 20, 127, 128, 200, 254, 255], np.uint8)[:, None].repeat(width // 32, axis=1)
@@ -187,14 +187,14 @@ def test_decode_every_code_and_scale(fmt):
 
 KERNEL_CASES = [
     # (spec, shape, axis): ragged lengths, both axes, rank 3, all formats and rules
-    (proxy.MXSpec("fp8_e4m3"), (12, 100), 1),
-    (proxy.MXSpec("fp8_e4m3", scale_rule="rceil", rounding="away"), (100, 12), 0),
-    (proxy.MXSpec("fp8_e5m2", rounding="away"), (12, 70), -1),
-    (proxy.MXSpec("fp6_e3m2", scale_rule="rceil"), (3, 40, 5), 1),
-    (proxy.MXSpec("fp6_e2m3"), (12, 128), 1),
-    (proxy.MXSpec("fp4_e2m1", scale_rule="rceil"), (33, 12), 0),
-    (proxy.MXSpec("int8"), (12, 96), 1),
-    (proxy.MXSpec("int8", rounding="away", block_size=16), (5, 2, 40), 2),
+    (mxp.MXSpec("fp8_e4m3"), (12, 100), 1),
+    (mxp.MXSpec("fp8_e4m3", scale_rule="rceil", rounding="away"), (100, 12), 0),
+    (mxp.MXSpec("fp8_e5m2", rounding="away"), (12, 70), -1),
+    (mxp.MXSpec("fp6_e3m2", scale_rule="rceil"), (3, 40, 5), 1),
+    (mxp.MXSpec("fp6_e2m3"), (12, 128), 1),
+    (mxp.MXSpec("fp4_e2m1", scale_rule="rceil"), (33, 12), 0),
+    (mxp.MXSpec("int8"), (12, 96), 1),
+    (mxp.MXSpec("int8", rounding="away", block_size=16), (5, 2, 40), 2),
 ]
 
 
@@ -208,7 +208,7 @@ def test_quantize_packed_kernel(spec, shape, axis):
     assert t.codes.dtype == jnp.uint8 and t.scales.dtype == jnp.uint8
     assert np.array_equal(np.asarray(t.codes), np.asarray(ref.codes))
     assert np.array_equal(np.asarray(t.scales), np.asarray(ref.scales))
-    fq = proxy.quantize(jnp.asarray(x), spec, axis)
+    fq = mxp.quantize(jnp.asarray(x), spec, axis)
     assert same_bits(mxq.dequantize(t), fq)  # the dequantize kernel
     assert same_bits(mxq.dequantize_reference(t), fq)
     assert t.shape == x.shape
@@ -216,9 +216,9 @@ def test_quantize_packed_kernel(spec, shape, axis):
 
 def test_quantize_packed_bf16_input_and_codes_views():
     x = (np.random.default_rng(1).standard_normal((8, 64)) * 3).astype(ml_dtypes.bfloat16)
-    spec = proxy.MXSpec("fp8_e4m3")
+    spec = mxp.MXSpec("fp8_e4m3")
     t = mxq.quantize_packed(jnp.asarray(x), spec, 1)
-    assert same_bits(mxq.dequantize(t), proxy.quantize(jnp.asarray(x), spec, 1))
+    assert same_bits(mxq.dequantize(t), mxp.quantize(jnp.asarray(x), spec, 1))
     elem = t.codes_as_ml_dtype()
     assert elem.dtype == ml_dtypes.float8_e4m3fn
     scale = np.exp2(np.repeat(np.asarray(t.scales).astype(np.float64) - 127, 32, axis=1))
@@ -230,7 +230,7 @@ def test_nan_block_layout():
     x = np.ones((2, 64), np.float32)
     x[0, 3] = np.nan
     for fmt, nan_code in (("fp8_e4m3", 0x7F), ("fp8_e5m2", 0x7F), ("fp4_e2m1", 0), ("int8", 0)):
-        t = mxq.quantize_packed(jnp.asarray(x), proxy.MXSpec(fmt), 1)
+        t = mxq.quantize_packed(jnp.asarray(x), mxp.MXSpec(fmt), 1)
         assert np.asarray(t.scales)[0, 0] == mxq.NAN_SCALE and np.asarray(t.scales)[0, 1] != mxq.NAN_SCALE
         assert np.all(np.asarray(t.codes)[0, :32] == nan_code)
         assert np.all(np.isnan(np.asarray(mxq.dequantize(t))[0, :32]))
@@ -239,10 +239,10 @@ def test_nan_block_layout():
 def test_int8_keeps_negative_zero():
     x = np.zeros((1, 32), np.float32)
     x[0, 0], x[0, 1] = 1.0, -1e-6  # rounds to -0
-    spec = proxy.MXSpec("int8")
+    spec = mxp.MXSpec("int8")
     t = mxq.quantize_packed(jnp.asarray(x), spec, 1)
     assert np.asarray(t.codes)[0, 1] == 0x80
-    assert same_bits(mxq.dequantize(t), proxy.quantize(jnp.asarray(x), spec, 1))
+    assert same_bits(mxq.dequantize(t), mxp.quantize(jnp.asarray(x), spec, 1))
 
 
 # ----------------------------------------------------------------------------
@@ -252,16 +252,16 @@ def test_int8_keeps_negative_zero():
 def test_bad_input_is_refused():
     x = jnp.ones((4, 64))
     with pytest.raises(ValueError, match="stochastic"):
-        mxq.quantize_packed(x, proxy.MXSpec("fp8_e4m3", rounding="stochastic"), 1)
+        mxq.quantize_packed(x, mxp.MXSpec("fp8_e4m3", rounding="stochastic"), 1)
     with pytest.raises(ValueError, match="power of two"):
-        mxq.quantize_packed(x, proxy.MXSpec("fp8_e4m3", block_size=24), 1)
+        mxq.quantize_packed(x, mxp.MXSpec("fp8_e4m3", block_size=24), 1)
     with pytest.raises(ValueError, match="MXSpec"):
         mxq.quantize_packed(x, "fp8_e4m3", 1)
     with pytest.raises(ValueError, match="out of range"):
-        mxq.quantize_packed(x, proxy.MXSpec("fp8_e4m3"), 2)
+        mxq.quantize_packed(x, mxp.MXSpec("fp8_e4m3"), 2)
     with pytest.raises(ValueError, match="rank"):
-        mxq.quantize_packed(jnp.float32(1.0), proxy.MXSpec("fp8_e4m3"), 0)
+        mxq.quantize_packed(jnp.float32(1.0), mxp.MXSpec("fp8_e4m3"), 0)
     with pytest.raises(ValueError, match="MXTensor"):
         mxq.dequantize(x)
     with pytest.raises(ValueError, match="interpret"):
-        mxq.quantize_packed(x, proxy.MXSpec("fp8_e4m3"), 1, interpret="yes")
+        mxq.quantize_packed(x, mxp.MXSpec("fp8_e4m3"), 1, interpret="yes")

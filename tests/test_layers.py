@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import exactness
-from proxy import recipe as recipes
-from proxy.layers import activation, layer_norm, mx_dense, vround
-from proxy.quantize import MXSpec, quantize
+from mx_proxy.nn.layers import activation, layer_norm, mx_dense, vround
+from mx_proxy.numerics import recipe as recipes
+from mx_proxy.numerics.quantize import MXSpec, quantize
 
 HI = jax.lax.Precision.HIGHEST
 

@@ -28,10 +28,10 @@ import numpy as np
 import pytest
 
 import exactness
-from proxy import layers, model
-from proxy import recipe as recipes
-from proxy.engine import scale_by_adam
-from proxy.quantize import MXSpec, quantize
+from mx_proxy.nn import layers, resmlp as model
+from mx_proxy.numerics import recipe as recipes
+from mx_proxy.numerics.quantize import MXSpec, quantize
+from mx_proxy.training.engine import scale_by_adam
 
 DATA = Path(__file__).parent / "data"
 

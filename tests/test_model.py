@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from proxy.model import Student, Teacher, hidden_width
+from mx_proxy.nn.resmlp import Student, Teacher, hidden_width
 
 
 def _params(act, width=48, depth=3, norm="layernorm", init="pytorch"):
@@ -52,7 +52,7 @@ def test_pytorch_and_xavier_inits():
 
 
 def test_teacher_shapes_and_frozen_targets():
-    from proxy import data
+    from mx_proxy.training import data
     t = Teacher(width=16, hidden=24, depth=2, act="relu")
     p = t.init(jax.random.key(1), jnp.zeros((1, 16)))["params"]
     assert p["fc1_0"].shape == (16, 24) and p["fc2_1"].shape == (24, 16)

@@ -1,4 +1,4 @@
-"""The hypersphere-normalized (nGPT-style) student of proxy.ngpt.
+"""The hypersphere-normalized (nGPT-style) student of mx_proxy.nn.ngpt.
 
 Every model call is jitted through a few cached programs (compiling once per
 recipe is far cheaper than dispatching the model's ops one by one)."""
@@ -12,8 +12,8 @@ import numpy as np
 import optax
 import pytest
 
-from proxy import architectures, layers, model, ngpt
-from proxy.recipe import PRESETS
+from mx_proxy.nn import architectures, layers, resmlp as model, ngpt
+from mx_proxy.numerics.recipe import PRESETS
 
 D, DEPTH, B = 32, 2, 64
 SR = PRESETS["mxfp8_e4m3"].map_specs(lambda s: s.replace(rounding="stochastic"))

@@ -8,12 +8,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import proxy
-from proxy import controllers, diagnostics
-from proxy import recipe as recipes
-from proxy.layers import ACTIVATIONS, activation, layer_norm, quantize_affine, rms_norm
-from proxy.model import NORMS, Student, Teacher
-from proxy.quantize import MXSpec
+import mx_proxy as mxp
+from mx_proxy.nn.layers import ACTIVATIONS, activation, layer_norm, quantize_affine, rms_norm
+from mx_proxy.nn.resmlp import NORMS, Student, Teacher
+from mx_proxy.numerics import recipe as recipes
+from mx_proxy.numerics.quantize import MXSpec
+from mx_proxy.training import controllers, diagnostics
 
 FP32, BF16, E4M3 = recipes.get("fp32"), recipes.get("bf16"), recipes.get("mxfp8_e4m3")
 EPS = 1e-5
@@ -165,7 +165,7 @@ def test_student_parameters_per_norm():
     with pytest.raises(ValueError, match="rmsnorm.*layernorm_noaffine"):
         _student("batchnorm")
     with pytest.raises(ValueError, match="layernorm_noaffine"):
-        proxy.Config(norm="batchnorm")
+        mxp.Config(norm="batchnorm")
 
 
 def test_noaffine_student_is_layernorm_with_unit_gain_and_zero_bias():
@@ -198,14 +198,14 @@ def test_teacher_with_new_activation_matches_numpy(act):
     np.testing.assert_allclose(np.asarray(t.apply({"params": p}, jnp.asarray(x))), h, rtol=1e-4, atol=1e-5)
 
 
-TINY = proxy.Config(width=32, depth=2, batch=32, steps=6, lr=3e-3, diagnostics_every=2, val_every=2, val_batches=1)
+TINY = mxp.Config(width=32, depth=2, batch=32, steps=6, lr=3e-3, diagnostics_every=2, val_every=2, val_batches=1)
 CELLS = [("rmsnorm", "relu2"), ("layernorm_noaffine", "silu")]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("norm,act", CELLS)
 def test_new_norms_and_acts_train_in_fp32_and_mx(norm, act):
-    runs = proxy.sweep(TINY.replace(norm=norm, act=act), recipe=["fp32", "mxfp8_e4m3", "paper_e4m3"],
+    runs = mxp.sweep(TINY.replace(norm=norm, act=act), recipe=["fp32", "mxfp8_e4m3", "paper_e4m3"],
                        store=False, progress=False).runs
     for run in runs:
         m = run.metrics

@@ -14,12 +14,12 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from proxy import plots
-from proxy.explore import TEXT_REPR
+from mx_proxy.viz import plots
+from mx_proxy.viz.explore import TEXT_REPR
 
 NOTEBOOKS = sorted(pathlib.Path(__file__).resolve().parent.parent.joinpath("notebooks").glob("[0-9][0-9]_*.ipynb"))
 
-# calls that create one matplotlib figure each: proxy.plots' figure functions and pyplot's figure makers
+# calls that create one matplotlib figure each: mxp.plots' figure functions and pyplot's figure makers
 PLOT_FUNCTIONS = frozenset(n for n in plots.__all__ if callable(getattr(plots, n))) - {"color"}
 PYPLOT_FUNCTIONS = frozenset({"subplots", "figure", "subplot_mosaic"})
 _NOT_RUN_HERE = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.If, ast.IfExp, ast.Try)
@@ -27,7 +27,7 @@ _NOT_RUN_HERE = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef
 
 def plot_calls(source: str) -> int:
     """Figure-making calls a code cell runs at least once: ``plots.<figure>(…)``
-    (or ``proxy.plots.<figure>``) and ``plt.subplots/figure/subplot_mosaic(…)``.
+    (or ``mxp.plots.<figure>``) and ``plt.subplots/figure/subplot_mosaic(…)``.
     Calls inside a def, lambda, class, if or try are not counted (they may
     not run in this cell); a call in a loop counts once (a lower bound)."""
     from IPython.core.inputtransformer2 import TransformerManager
@@ -50,7 +50,7 @@ def plot_calls(source: str) -> int:
 
 def test_plot_calls_counts_what_runs():
     assert plot_calls("plots.sawtooth('fp8_e4m3');") == 1
-    assert plot_calls("fig = proxy.plots.ln_clamping(runs)\nplots.color('fp32')") == 1
+    assert plot_calls("fig = mxp.plots.ln_clamping(runs)\nplots.color('fp32')") == 1
     assert plot_calls("for r in runs:\n    plt.subplots()\nfig, ax = plt.subplots(2)") == 2
     assert plot_calls("def f():\n    plots.lr_sweep(runs)\nif x:\n    plt.figure()") == 0
     assert plot_calls("%matplotlib inline\nplots.ablations(runs);") == 1
@@ -156,7 +156,7 @@ def test_notebook_10_builds_and_drives_the_explorer():
     assert EXPLORE in NOTEBOOKS  # so the smoke-scale test above executes it
     nb = nbformat.read(EXPLORE, as_version=4)
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    for call in ("proxy.explore(", "panel.train()", "panel.snapshot()", "store=STORE", "panel.table()",
+    for call in ("mxp.explore(", "panel.train()", "panel.snapshot()", "store=STORE", "panel.table()",
                  "panel.conclusions()"):
         assert call in code, call
     # the results cell reads the panel, not a variable an earlier cell set
@@ -293,7 +293,7 @@ def test_notebook_09_compares_seed_003s_systems():
     nb = nbformat.read(path, as_version=4)
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
-    for call in ("beyond.runs(SCALE, store=STORE)", "beyond.table(", "plots.beyond(", "proxy.recipes.table()", ".events",
+    for call in ("beyond.runs(SCALE, store=STORE)", "beyond.table(", "plots.beyond(", "mxp.recipes.table()", ".events",
                  "beyond.weight_disagreement("):
         assert call in code, call
     assert "**Runtime**" in text and "quick ≈" in text and "GNMR" in text and "nGPT" in text

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from proxy.formats import positive_codes
-from proxy.quantize import (E4M3_SCALE_RULES, NAN_SCALE_EXP, NVFP4, NVFP4_2D, SCALE_FORMATS, ZERO_SCALE_EXP, MXSpec,
-                            quantize, quantize_stats)
-from proxy.reference import reference_quantize, reference_stats, round24
+from mx_proxy.numerics.formats import positive_codes
+from mx_proxy.numerics.quantize import (E4M3_SCALE_RULES, NAN_SCALE_EXP, NVFP4, NVFP4_2D, SCALE_FORMATS, ZERO_SCALE_EXP,
+                                        MXSpec, quantize, quantize_stats)
+from mx_proxy.numerics.reference import reference_quantize, reference_stats, round24
 from test_quantize import assert_same_bits, assert_same_stats
 
 KEY = jax.random.key(5, impl="rbg")  # see test_quantize: rbg keys compile faster
@@ -423,7 +423,7 @@ def test_nvfp4_needs_a_key_for_stochastic_and_rank_2_for_tiles():
 
 
 def test_pallas_kernels_refuse_e4m3_scales():
-    from kernels import mx_quantize
+    from mx_proxy.pallas import quantize as mx_quantize
 
-    with pytest.raises(ValueError, match="scale_format='e4m3'.*valid: 'e8m0'.*proxy.quantize"):
+    with pytest.raises(ValueError, match="scale_format='e4m3'.*valid: 'e8m0'.*mxp.quantize"):
         mx_quantize.check_spec(NVFP4, "b_spec")

@@ -7,13 +7,14 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import proxy
-from proxy import recipe_json
-from proxy import layers
-from proxy import recipe as recipes
-from proxy.quantize import MXSpec
+import mx_proxy as mxp
+import mx_proxy.training.config
+from mx_proxy.nn import layers
+from mx_proxy.numerics import recipe_json
+from mx_proxy.numerics import recipe as recipes
+from mx_proxy.numerics.quantize import MXSpec
 
-SMALL = proxy.Config(width=32, depth=2, batch=64, steps=30, diagnostics_every=10, val_every=10, val_batches=1,
+SMALL = mxp.Config(width=32, depth=2, batch=64, steps=30, diagnostics_every=10, val_every=10, val_batches=1,
                      lr=3e-3)
 
 
@@ -116,15 +117,15 @@ def test_recipes_and_configs_serialize_every_field_under_a_schema_version():
     assert recipe_json.from_json(recipe_json.to_json(r)) == r
     plain = recipe_json.to_json(recipes.get("mxfp8_e4m3").replace(name="x"))
     assert plain["vector_rounding"] == "even" and plain["train_ln_bias"] is True
-    d = proxy.Config().to_dict()
-    assert d["schema"] == proxy.config.SCHEMA and d["paired_run"] is False and d["reference_recipe"] == "fp32"
+    d = mxp.Config().to_dict()
+    assert d["schema"] == mx_proxy.training.config.SCHEMA and d["paired_run"] is False and d["reference_recipe"] == "fp32"
     older = {k: v for k, v in d.items() if k not in ("schema", "paired_run", "reference_seed")}
-    assert proxy.Config.from_dict(older) == proxy.Config()  # fields missing from an older dict take defaults
+    assert mxp.Config.from_dict(older) == mxp.Config()  # fields missing from an older dict take defaults
 
 
 def test_ln_bias_stays_exactly_zero_in_paper_e4m3_and_trains_in_fp32():
-    mx = proxy.train(SMALL.replace(recipe="paper_e4m3"), store=False, progress=False)
-    fp = proxy.train(SMALL.replace(recipe="fp32"), store=False, progress=False)
+    mx = mxp.train(SMALL.replace(recipe="paper_e4m3"), store=False, progress=False)
+    fp = mxp.train(SMALL.replace(recipe="fp32"), store=False, progress=False)
     for k in mx.params:
         assert np.all(mx.params[k]["ln_bias"] == 0.0)
         assert np.any(fp.params[k]["ln_bias"] != 0.0)
@@ -148,8 +149,8 @@ def test_stats_fp32_layernorm_is_the_authors_dont_quantize_layernorm():
 
 def test_paired_reference_with_another_seed_is_that_seeds_fp32_run():
     cfg = SMALL.replace(recipe="fp32", paired_run=True, reference_seed=1)
-    pair = proxy.train(cfg, store=False, progress=False)
-    other = proxy.train(SMALL.replace(recipe="fp32", seed=1), store=False, progress=False)
+    pair = mxp.train(cfg, store=False, progress=False)
+    other = mxp.train(SMALL.replace(recipe="fp32", seed=1), store=False, progress=False)
     np.testing.assert_array_equal(pair.metrics["ref_loss"].to_numpy(), other.metrics["loss"].to_numpy())
     np.testing.assert_array_equal(pair.metrics["ref_grad_norm"].to_numpy(), other.metrics["grad_norm"].to_numpy())
     assert pair.metrics["zeta_paper"].notna().all()  # every step
@@ -160,13 +161,13 @@ def test_paired_reference_with_another_seed_is_that_seeds_fp32_run():
 
 def test_paired_reference_on_other_data_is_that_data_seeds_run():
     cfg = SMALL.replace(recipe="fp32", paired_run=True, reference_data_seed=5)
-    pair = proxy.train(cfg, store=False, progress=False)
-    other = proxy.train(SMALL.replace(recipe="fp32", data_seed=5), store=False, progress=False)
+    pair = mxp.train(cfg, store=False, progress=False)
+    other = mxp.train(SMALL.replace(recipe="fp32", data_seed=5), store=False, progress=False)
     np.testing.assert_array_equal(pair.metrics["ref_loss"].to_numpy(), other.metrics["loss"].to_numpy())
 
 
 def test_zeta_paper_is_the_squared_relative_error_against_the_paired_run():
-    run = proxy.train(SMALL.replace(recipe="paper_mix", paired_run=True), store=False, progress=False)
+    run = mxp.train(SMALL.replace(recipe="paper_mix", paired_run=True), store=False, progress=False)
     d = run.metrics.dropna(subset=["zeta_paper"])
     g, r, cos = d["grad_norm"].to_numpy(float), d["ref_grad_norm"].to_numpy(float), d["cosine_paper"].to_numpy(float)
     # ‖g̃ − g‖² = ‖g̃‖² + ‖g‖² − 2‖g̃‖‖g‖cos
@@ -175,9 +176,9 @@ def test_zeta_paper_is_the_squared_relative_error_against_the_paired_run():
     diag = d.dropna(subset=["zeta_bound"])  # the same-point bound on diagnostic steps
     assert len(diag) and (diag["zeta_bound"] > 0).all() and np.isfinite(diag["cosine"]).all()
     # the paired FP32 run is the separate FP32 run, bit for bit
-    fp = proxy.train(SMALL.replace(recipe="fp32"), store=False, progress=False)
+    fp = mxp.train(SMALL.replace(recipe="fp32"), store=False, progress=False)
     np.testing.assert_array_equal(run.metrics["ref_loss"].to_numpy(), fp.metrics["loss"].to_numpy())
-    paired_only = proxy.train(SMALL.replace(recipe="paper_mix", gradient_reference="paired_run"), store=False,
+    paired_only = mxp.train(SMALL.replace(recipe="paper_mix", gradient_reference="paired_run"), store=False,
                               progress=False)
     p = paired_only.metrics.dropna(subset=["zeta_bound"])
     np.testing.assert_allclose(p["zeta_paper"], p["zeta_bound"] ** 2, rtol=1e-4)
@@ -185,19 +186,19 @@ def test_zeta_paper_is_the_squared_relative_error_against_the_paired_run():
 
 def test_reference_fields_are_validated_at_the_boundary():
     with pytest.raises(ValueError, match="reference_seed only change the paired reference run"):
-        proxy.Config(reference_seed=1)
+        mxp.Config(reference_seed=1)
     with pytest.raises(ValueError, match="must be deterministic"):
-        proxy.Config(paired_run=True, reference_recipe="mxfp4_2d")
+        mxp.Config(paired_run=True, reference_recipe="mxfp4_2d")
     with pytest.raises(ValueError, match="needs diagnostics_every > 0"):
-        proxy.Config(paired_run=True, diagnostics_every=0, val_every=0)
+        mxp.Config(paired_run=True, diagnostics_every=0, val_every=0)
     with pytest.raises(ValueError, match="unknown recipe 'nope'"):
-        proxy.Config(paired_run=True, reference_recipe="nope")
-    c = proxy.Config(paired_run=True, reference_recipe="bf16", reference_seed=3)
-    assert proxy.Config.from_dict(c.to_dict()) == c and c.hash() != proxy.Config(paired_run=True).hash()
+        mxp.Config(paired_run=True, reference_recipe="nope")
+    c = mxp.Config(paired_run=True, reference_recipe="bf16", reference_seed=3)
+    assert mxp.Config.from_dict(c.to_dict()) == c and c.hash() != mxp.Config(paired_run=True).hash()
 
 
 def test_bf16_against_fp32_control_runs_in_one_config():
-    run = proxy.train(SMALL.replace(recipe="bf16", paired_run=True), store=False, progress=False)
+    run = mxp.train(SMALL.replace(recipe="bf16", paired_run=True), store=False, progress=False)
     d = run.metrics.dropna(subset=["zeta_paper"])
     assert (d["zeta_paper"] > 0).all() and (d["zeta_paper"] < 1).all()
 

@@ -1,14 +1,14 @@
-"""``proxy figures``'s parallel training: the runs of several figures are planned
+"""``mx-proxy figures``'s parallel training: the runs of several figures are planned
 without training, every member once; worker processes train them into the
 store, and what they store is what this process trains, bit for bit."""
 
 import numpy as np
 import pytest
 
-import proxy
-from proxy import paper, parallel
-from proxy.figures import TRAINED, default_dir, generate
-from proxy.sweeps import members
+import mx_proxy as mxp
+from mx_proxy.experiments import paper, parallel
+from mx_proxy.training.sweeps import members
+from mx_proxy.viz.figures import TRAINED, default_dir, generate
 
 
 def test_experiments_plan_without_training_and_interventions_do_not():
@@ -33,7 +33,7 @@ def test_units_train_every_member_once_and_skip_the_stored(tmp_path):
 
 
 def test_worker_processes_store_what_this_process_trains(tmp_path):
-    base = proxy.Config(width=16, depth=2, batch=32, steps=20, diagnostics_every=10, val_every=10,
+    base = mxp.Config(width=16, depth=2, batch=32, steps=20, diagnostics_every=10, val_every=10,
                         recipe="mxfp8_e4m3")
     configs = [base, base.replace(recipe="fp32"), base.replace(lr=3e-3)]
     units = parallel.plan_units([(base, {"recipe": ["mxfp8_e4m3", "fp32"]}), (base, {"lr": [6e-4, 3e-3]})],
@@ -41,7 +41,7 @@ def test_worker_processes_store_what_this_process_trains(tmp_path):
     assert sum(len(u.configs) for u in units) == 3
     parallel.train_all(units, tmp_path, jobs=2, progress=False, log=lambda *_: None)
     for c in configs:
-        stored, here = proxy.train(c, store=tmp_path), proxy.train(c, progress=False)
+        stored, here = mxp.train(c, store=tmp_path), mxp.train(c, progress=False)
         assert stored.path is not None
         for col in here.metrics.columns:
             assert np.array_equal(stored.metrics[col].to_numpy(), here.metrics[col].to_numpy(), equal_nan=True), col

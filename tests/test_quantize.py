@@ -1,4 +1,4 @@
-"""proxy.quantize: the fast bit-level path against the numpy reference, and the
+"""mxp.quantize: the fast bit-level path against the numpy reference, and the
 properties the MX grid must have.
 
 Compilation dominates the run time (one XLA compile per spec, shape and axis),
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from proxy.formats import positive_codes
-from proxy.quantize import MXSpec, quantize, quantize_stats
-from proxy.reference import reference_quantize, reference_scale_exponent, reference_stats
+from mx_proxy.numerics.formats import positive_codes
+from mx_proxy.numerics.quantize import MXSpec, quantize, quantize_stats
+from mx_proxy.numerics.reference import reference_quantize, reference_scale_exponent, reference_stats
 
 FORMATS = ("fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8")
 RULES = ("floor", "rceil")

@@ -1,4 +1,4 @@
-"""proxy.quantize with 2-D tiles (``MXSpec(block_dims=2)``): one E8M0 scale per
+"""mxp.quantize with 2-D tiles (``MXSpec(block_dims=2)``): one E8M0 scale per
 ``block_size x block_size`` tile of the last two axes.
 
 Compilation dominates: tests that cover many specs quantize with all of them
@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from proxy.formats import positive_codes
-from proxy.quantize import BLOCK_DIMS, MXSpec, quantize, quantize_stats
-from proxy.reference import reference_quantize, reference_scale_exponent, reference_stats
+from mx_proxy.numerics.formats import positive_codes
+from mx_proxy.numerics.quantize import BLOCK_DIMS, MXSpec, quantize, quantize_stats
+from mx_proxy.numerics.reference import reference_quantize, reference_scale_exponent, reference_stats
 from test_quantize import KINDS, _kind, assert_same_bits, assert_same_stats
 
 FORMATS = ("fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8")
@@ -235,8 +235,8 @@ def test_bad_block_dims_names_the_value_and_the_choices(block_dims):
 
 
 def test_pallas_kernels_refuse_tiles():
-    from kernels import mx_quantize
+    from mx_proxy.pallas import quantize as mx_quantize
 
-    with pytest.raises(ValueError, match="block_dims=2.*valid: 1.*proxy.quantize"):
+    with pytest.raises(ValueError, match="block_dims=2.*valid: 1.*mxp.quantize"):
         mx_quantize.check_spec(MXSpec("fp8_e4m3", block_dims=2), "a_spec")
     assert mx_quantize.check_spec(MXSpec("fp8_e4m3")) == MXSpec("fp8_e4m3")

@@ -1,4 +1,4 @@
-"""proxy.mx: the MX arithmetic written once, shared by proxy.quantize (XLA) and
+"""mx_proxy.numerics.mx: the MX arithmetic written once, shared by mxp.quantize (XLA) and
 the Pallas kernel bodies. The two ways to the per-block quantities (the XLA
 table lookup and the kernels' direct evaluation) must agree everywhere, and
 the Triton-safe bit helpers must give XLA's results."""
@@ -11,12 +11,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import proxy
-from kernels import mx_quantize as mxq
-from proxy.mx import bits as B
-from proxy.mx import element, scale
+import mx_proxy as mxp
+from mx_proxy.numerics.mx import bits as B
+from mx_proxy.numerics.mx import element, block_scale as scale
+from mx_proxy.pallas import quantize as mxq
 
-FORMATS = tuple(n for n in proxy.formats.names() if not proxy.formats.get(n).is_vector)
+FORMATS = tuple(n for n in mxp.formats.names() if not mxp.formats.get(n).is_vector)
 
 
 def _amax_sweep() -> np.ndarray:
@@ -31,7 +31,7 @@ def _amax_sweep() -> np.ndarray:
 @pytest.mark.parametrize("rule", scale.SCALE_RULES)
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_table_lookup_equals_direct_evaluation(fmt, rule):
-    f = proxy.formats.get(fmt)
+    f = mxp.formats.get(fmt)
     amax = jnp.asarray(_amax_sweep())
     looked_up = scale.lookup_block_quantities(amax, f, rule)
     direct = scale.block_quantities(*scale.block_exponent(amax, f, rule), f)
@@ -70,7 +70,7 @@ def test_compose_bits_is_exact():
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_encode_decode_round_trip_every_code(fmt):
-    f = proxy.formats.get(fmt)
+    f = mxp.formats.get(fmt)
     codes = np.arange(1 << f.bits, dtype=np.uint32)
     bits = np.asarray(element.decode(jnp.asarray(codes), np.uint8(127 - 3), f))  # scale 2**-3
     finite = np.isfinite(B.f32(jnp.asarray(bits)))
@@ -88,15 +88,15 @@ def test_encode_decode_round_trip_every_code(fmt):
 def test_fp6_and_fp4_values_are_e4m3_values():
     # why FP6/FP4 operands can reach FP8 tensor cores with no loss: each of their values is an E4M3 value
     for fmt in ("fp6_e3m2", "fp6_e2m3", "fp4_e2m1"):
-        vals = proxy.formats.positive_codes(fmt).astype(np.float32)
+        vals = mxp.formats.positive_codes(fmt).astype(np.float32)
         assert np.array_equal(vals.astype(ml_dtypes.float8_e4m3fn).astype(np.float32), vals)
 
 
 def test_the_kernels_and_proxy_quantize_share_the_arithmetic():
-    # the kernel wrappers hold no bit arithmetic of their own: they call proxy.mx
+    # the kernel wrappers hold no bit arithmetic of their own: they call mx_proxy.numerics.mx
     arithmetic = ("round", "scale_exponent", "max_normal", "pow2", "floor_log2", "significand", "compose")
     own = [n for n in vars(mxq) if n.startswith("_") and any(a in n for a in arithmetic)]
     assert own == []
     x = jnp.asarray(np.random.default_rng(2).standard_normal((4, 64)).astype(np.float32))
-    spec = proxy.MXSpec("fp6_e2m3", scale_rule="rceil")
-    assert np.array_equal(np.asarray(mxq.fake_quantize_tile(x, spec, 1)), np.asarray(proxy.quantize(x, spec, 1)))
+    spec = mxp.MXSpec("fp6_e2m3", scale_rule="rceil")
+    assert np.array_equal(np.asarray(mxq.fake_quantize_tile(x, spec, 1)), np.asarray(mxp.quantize(x, spec, 1)))

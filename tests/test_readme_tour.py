@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.cli import build_parser
+from mx_proxy.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 TOUR = (ROOT / "README.md").read_text().split("## A short tour", 1)[1].split("\n## ", 1)[0]
@@ -40,7 +40,7 @@ def test_the_tour_names_the_checkpoint_its_intervention_needs():
 
 def test_python_tour_runs_as_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code = _shrink(PYTHON, SMALL_PY).replace("proxy.train(cfg,", "proxy.train(cfg, progress=False,")
+    code = _shrink(PYTHON, SMALL_PY).replace("mxp.train(cfg,", "mxp.train(cfg, progress=False,")
     scope = {}
     exec(compile(code, "README.md (tour)", "exec"), scope)  # noqa: S102 -- the README's own code
     run, sw, child = scope["run"], scope["sw"], scope["child"]
@@ -74,7 +74,7 @@ def test_command_line_tour_runs_as_written(tmp_path):
             argv += ["--size", "64", "--repeats", "1"]
         if argv[0] in ("train", "sweep", "intervene"):
             argv += ["--quiet"]
-        done = subprocess.run([sys.executable, "-m", "proxy.cli", *argv], cwd=tmp_path, capture_output=True,
+        done = subprocess.run([sys.executable, "-m", "mx_proxy.cli", *argv], cwd=tmp_path, capture_output=True,
                               text=True, timeout=900)
         assert done.returncode == 0, f"proxy {' '.join(argv)}\n{done.stdout}\n{done.stderr}"
         if argv[0] == "train":
@@ -86,13 +86,13 @@ def test_command_line_tour_runs_as_written(tmp_path):
     (["intervene", "RUN", "--at-step", "20", "--apply", "ln_exempt", "--quiet"], "--checkpoint-at 20"),
 ])
 def test_intervene_hint_speaks_the_command_line(tmp_path, argv, hint):
-    train = subprocess.run([sys.executable, "-m", "proxy.cli", "train", "--width", "16", "--depth", "2", "--batch",
+    train = subprocess.run([sys.executable, "-m", "mx_proxy.cli", "train", "--width", "16", "--depth", "2", "--batch",
                             "32", "--steps", "40", "--val-every", "20", "--store", "runs", "--quiet"],
                            cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert train.returncode == 0, train.stderr
     key = train.stdout.rsplit(" -> ", 1)[1].strip()
     argv = [key if a == "RUN" else a for a in argv]
-    done = subprocess.run([sys.executable, "-m", "proxy.cli", *argv], cwd=tmp_path, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "mx_proxy.cli", *argv], cwd=tmp_path, capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 2
     assert hint in done.stderr and "checkpoint_at=" not in done.stderr

@@ -4,9 +4,9 @@ import dataclasses
 
 import pytest
 
-from proxy import recipe_json
-from proxy import recipe as recipes
-from proxy.quantize import MXSpec
+from mx_proxy.numerics import recipe_json
+from mx_proxy.numerics import recipe as recipes
+from mx_proxy.numerics.quantize import MXSpec
 
 
 def test_every_preset_named_in_the_issue_exists_and_is_hashable():

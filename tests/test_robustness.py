@@ -17,15 +17,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import proxy
-from proxy import checkpoint as C
-from proxy import cli, memory, runner
-from proxy import store as S
-from proxy.experiments_cli import main as exp_main
-from proxy.quantize import MXSpec, quantize, quantize_stats
+import mx_proxy as mxp
+from mx_proxy.cli import main as cli
+from mx_proxy.cli.experiment_commands import main as exp_main
+from mx_proxy.numerics.quantize import MXSpec, quantize, quantize_stats
+from mx_proxy.runner import loop as runner
+from mx_proxy.store import checkpoint as C
+from mx_proxy.store import run_store as S
+from mx_proxy.training import memory
 
 # the cheapest program: one narrow block, no diagnostics, checkpoints every 5 steps
-BASE = proxy.Config(width=8, depth=1, batch=16, steps=20, diagnostics_every=0, val_every=0, checkpoint_every=5)
+BASE = mxp.Config(width=8, depth=1, batch=16, steps=20, diagnostics_every=0, val_every=0, checkpoint_every=5)
 
 
 @pytest.fixture
@@ -40,7 +42,7 @@ def trained():
 def stored(tmp_path_factory):
     """A run trained once into a store; tests copy its entry."""
     root = tmp_path_factory.mktemp("src")
-    run = proxy.train(BASE, store=root, progress=False)
+    run = mxp.train(BASE, store=root, progress=False)
     return run
 
 
@@ -76,7 +78,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_good_one(tmp_path,
     (part / "checkpoints" / "step_junk").mkdir()  # junk beside them
     (part / "checkpoints" / "step_junk" / "meta.json").write_text("{}")
     with pytest.warns(UserWarning) as rec:
-        run = proxy.train(BASE, store=root, progress=False)
+        run = mxp.train(BASE, store=root, progress=False)
     messages = " | ".join(str(w.message) for w in rec)
     assert "step_000000015" in messages and "step_000000010" in messages and "step_junk" in messages
     assert "damaged" in messages and run.info["resumed_from"] == 5 and len(trained) == 1
@@ -119,16 +121,16 @@ def test_a_wrongly_typed_or_incomplete_entry_is_never_served(tmp_path, stored, d
     with pytest.warns(S.StoreWarning, match="damaged or incomplete"):
         assert S.Store(root).load(BASE.hash()) is None
     with pytest.raises(ValueError, match="damaged|incomplete"):
-        proxy.load(d)
+        mxp.load(d)
 
 
 def test_a_poisoned_entry_is_retrained(tmp_path, stored, trained):
     root, d = fresh_store(tmp_path, stored)
     (d / "run.json").write_text("null")
     with pytest.warns(S.StoreWarning):
-        run = proxy.train(BASE, store=root, progress=False)
+        run = mxp.train(BASE, store=root, progress=False)
     assert len(trained) == 1 and run.params is not None and len(run.metrics) == BASE.steps
-    assert proxy.load(d).diverged_at is None  # repaired
+    assert mxp.load(d).diverged_at is None  # repaired
 
 
 # 4 ------------------------------------------------------------------------ destinations, saves
@@ -146,11 +148,11 @@ def test_sweep_out_is_checked_before_any_training(tmp_path, trained, capsys):
 def test_a_locks_file_fails_before_training(tmp_path, trained):
     (tmp_path / ".locks").write_text("")
     with pytest.raises(ValueError, match=r"\.locks"):
-        proxy.train(BASE, store=tmp_path, progress=False)
+        mxp.train(BASE, store=tmp_path, progress=False)
     (tmp_path / ".locks").unlink()
     (tmp_path / BASE.hash()).write_text("")  # the entry's path is a file
     with pytest.raises(ValueError, match=BASE.hash()):
-        proxy.train(BASE, store=tmp_path, progress=False)
+        mxp.train(BASE, store=tmp_path, progress=False)
     assert trained == []
 
 
@@ -168,13 +170,13 @@ def test_a_failed_save_keeps_the_result_and_says_where(tmp_path, monkeypatch, tr
     monkeypatch.setattr(S, "_write_entry", full_disk)
     cfg = BASE.replace(checkpoint_every=0)
     with pytest.raises(S.SaveError, match="No space left") as err:
-        proxy.train(cfg, store=tmp_path, progress=False)
+        mxp.train(cfg, store=tmp_path, progress=False)
     assert err.value.kept is not None and str(err.value.kept) in str(err.value) and len(trained) == 1
-    kept = proxy.load(err.value.kept)
+    kept = mxp.load(err.value.kept)
     np.testing.assert_array_equal(kept.metrics["loss"].to_numpy(), err.value.run.metrics["loss"].to_numpy())
     shutil.rmtree(err.value.kept)
     monkeypatch.setattr(S, "_write_entry", write)
-    proxy.train(cfg.replace(seed=1), store=tmp_path, progress=False)
+    mxp.train(cfg.replace(seed=1), store=tmp_path, progress=False)
     assert fsyncs  # files are fsync'ed before their rename
 
 
@@ -186,18 +188,18 @@ def test_direct_loads_refuse_an_edited_config(tmp_path, stored):
     cfg = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps(dict(cfg, lr=0.5)))
     with pytest.raises(ValueError, match="edited"):
-        proxy.load(d)
+        mxp.load(d)
     with pytest.raises(ValueError, match="edited"):
-        proxy.intervene(d, at_step=10, lr=1e-4, progress=False)
+        mxp.intervene(d, at_step=10, lr=1e-4, progress=False)
 
 
 def test_direct_loads_of_stale_code_warn_and_intervene_refuses(tmp_path, stored, monkeypatch, trained):
     root, d = fresh_store(tmp_path, stored)
     monkeypatch.setattr(S, "_CODE", "0000000000000000")  # as if the numerics code had changed
     with pytest.warns(S.StoreWarning, match="other numerics code"):
-        parent = proxy.load(d)
+        parent = mxp.load(d)
     with pytest.raises(ValueError, match="other numerics code"):
-        proxy.intervene(parent, at_step=10, lr=1e-4, progress=False)
+        mxp.intervene(parent, at_step=10, lr=1e-4, progress=False)
     assert trained == []
 
 
@@ -259,10 +261,10 @@ def test_ctrl_c_during_a_checkpoint_waits_until_it_is_whole(tmp_path, monkeypatc
 
 def test_an_absurd_size_is_refused_before_compiling(monkeypatch):
     with pytest.raises(ValueError, match=r"needs at least [\d.]+ GiB"):
-        proxy.train(BASE.replace(width=200000), progress=False)
+        mxp.train(BASE.replace(width=200000), progress=False)
     monkeypatch.setattr(memory, "available", lambda: 1 << 10)
     with pytest.raises(ValueError, match="needs at least"):
-        proxy.sweep(BASE, lr=[1e-3, 2e-3], progress=False)
+        mxp.sweep(BASE, lr=[1e-3, 2e-3], progress=False)
     assert memory.estimate(BASE, 2) > memory.estimate(BASE) > 0
 
 
@@ -286,7 +288,7 @@ def test_equal_configs_have_one_hash():
 
 def test_an_empty_store_is_an_error(capsys):
     with pytest.raises(ValueError, match="empty"):
-        proxy.train(BASE, store="", progress=False)
+        mxp.train(BASE, store="", progress=False)
     with pytest.raises(ValueError, match="empty"):
         S.resolve("  ")
     assert cli.main(TRAIN + ["--store", ""]) == 2

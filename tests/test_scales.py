@@ -1,12 +1,12 @@
-"""proxy.scales: the named scales construct, are frozen, and smoke trains end to end."""
+"""mx_proxy.experiments.scales: the named scales construct, are frozen, and smoke trains end to end."""
 
 import dataclasses
 
 import numpy as np
 import pytest
 
-import proxy
-from proxy import scales
+import mx_proxy as mxp
+from mx_proxy.experiments import scales
 
 
 def test_names_and_get():
@@ -14,7 +14,7 @@ def test_names_and_get():
     for name in scales.names():
         s = scales.get(name)
         assert s.name == name
-        assert isinstance(s.config, proxy.Config)
+        assert isinstance(s.config, mxp.Config)
         assert s.config.recipe.name == "fp32"
         early, late = s.intervention_steps
         assert 0 < early < late < s.config.steps
@@ -51,7 +51,7 @@ def test_bad_intervention_steps_are_rejected():
 @pytest.mark.parametrize("recipe", ["fp32", "mxfp8_e4m3"])
 def test_smoke_trains_end_to_end_with_every_metric(recipe):
     s = scales.get("smoke")
-    run = proxy.train(s.config.replace(recipe=recipe), progress=False)
+    run = mxp.train(s.config.replace(recipe=recipe), progress=False)
     m = run.metrics
     assert len(m) == s.config.steps and run.diverged_at is None
     assert np.isfinite(run.final_loss) and run.final_loss < m["loss"].iloc[0]

@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import proxy
-from proxy import checkpoint as C
-from proxy import runner
-from proxy import store as S
+import mx_proxy as mxp
+from mx_proxy.runner import loop as runner
+from mx_proxy.store import checkpoint as C
+from mx_proxy.store import run_store as S
 
 # fp32 without diagnostics: the cheapest program to compile.
-BASE = proxy.Config(width=32, depth=2, batch=64, steps=40, diagnostics_every=0, val_every=20, recipe="fp32")
+BASE = mxp.Config(width=32, depth=2, batch=64, steps=40, diagnostics_every=0, val_every=20, recipe="fp32")
 AXES = dict(lr=[1e-3, 3e-3], seed=[0, 1])
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,28 +43,28 @@ def entries(root):
 
 
 def test_train_twice_loads_the_stored_run(tmp_path, trained):
-    first = proxy.train(BASE, store=tmp_path, progress=False)
+    first = mxp.train(BASE, store=tmp_path, progress=False)
     assert len(trained) == 1
     d = tmp_path / BASE.hash()
     assert first.path == str(d) and entries(tmp_path) == [BASE.hash()]
     assert {p.name for p in d.iterdir()} >= {"config.json", "metrics.parquet", "params.npz", "run.json"}
-    assert proxy.Config.from_dict(json.loads((d / "config.json").read_text())) == BASE
-    again = proxy.train(BASE, store=tmp_path, progress=False)
+    assert mxp.Config.from_dict(json.loads((d / "config.json").read_text())) == BASE
+    again = mxp.train(BASE, store=tmp_path, progress=False)
     assert len(trained) == 1  # loaded, not trained
     assert again.config == BASE and same_metrics(first, again) and again.diverged_at == first.diverged_at
     for k in first.params:
         for leaf in first.params[k]:
             assert np.array_equal(first.params[k][leaf], again.params[k][leaf])
     assert again.metrics["loss"].dtype == np.float32  # Parquet keeps float32 bit for bit
-    forced = proxy.train(BASE, store=tmp_path, force=True, progress=False)
+    forced = mxp.train(BASE, store=tmp_path, force=True, progress=False)
     assert len(trained) == 2 and same_metrics(first, forced)
 
 
 def test_no_store_writes_nothing_and_relative_paths_resolve(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    run = proxy.train(BASE, progress=False)
+    run = mxp.train(BASE, progress=False)
     assert run.path is None and list(tmp_path.iterdir()) == []
-    assert proxy.train(BASE, store=False, progress=False).path is None
+    assert mxp.train(BASE, store=False, progress=False).path is None
     st = S.resolve("rel/runs")
     assert st.root == tmp_path / "rel" / "runs" and st.root.is_absolute()
     with pytest.raises(ValueError, match="store must be a folder path"):
@@ -76,18 +76,18 @@ def test_incomplete_entry_is_not_loaded(tmp_path, trained):
     d.mkdir()
     (d / "metrics.parquet").write_bytes(b"half-written")  # no run.json: not a finished run
     assert S.Store(tmp_path).load(BASE.hash()) is None
-    run = proxy.train(BASE, store=tmp_path, progress=False)
+    run = mxp.train(BASE, store=tmp_path, progress=False)
     assert len(trained) == 1 and run.path == str(d)
     assert not [p for p in d.iterdir() if ".tmp-" in p.name]
 
 
 @pytest.mark.parametrize("damage", ["metrics.parquet", "run.json", "params.npz", "config.json"])
 def test_a_damaged_entry_is_reported_once_and_retrained(tmp_path, trained, damage):
-    first = proxy.train(BASE, store=tmp_path, progress=False)
+    first = mxp.train(BASE, store=tmp_path, progress=False)
     f = Path(first.path) / damage
     f.write_bytes(f.read_bytes()[: max(1, f.stat().st_size // 3)])  # truncated
     with pytest.warns(S.StoreWarning, match=f"{BASE.hash()}: damaged") as caught:
-        again = proxy.train(BASE, store=tmp_path, progress=False)
+        again = mxp.train(BASE, store=tmp_path, progress=False)
     assert len([w for w in caught if issubclass(w.category, S.StoreWarning)]) == 1
     assert len(trained) == 2 and same_metrics(first, again)
     with warnings.catch_warnings():
@@ -96,18 +96,18 @@ def test_a_damaged_entry_is_reported_once_and_retrained(tmp_path, trained, damag
 
 
 def test_an_edited_config_is_not_loaded_as_the_answer_to_another(tmp_path, trained):
-    first = proxy.train(BASE, store=tmp_path, progress=False)
+    first = mxp.train(BASE, store=tmp_path, progress=False)
     cfg = Path(first.path) / "config.json"
     d = json.loads(cfg.read_text())
     d["lr"] = 0.5
     cfg.write_text(json.dumps(d))
     with pytest.warns(S.StoreWarning, match="hashes to .* not to its key"):
-        again = proxy.train(BASE, store=tmp_path, progress=False)
+        again = mxp.train(BASE, store=tmp_path, progress=False)
     assert len(trained) == 2 and again.config == BASE and same_metrics(first, again)
 
 
 def test_a_stale_entry_is_kept_until_its_replacement_exists(tmp_path, trained, monkeypatch):
-    first = proxy.train(BASE, store=tmp_path, progress=False)
+    first = mxp.train(BASE, store=tmp_path, progress=False)
     monkeypatch.setattr(S, "_CODE", "0000000000000000")  # as if the numerics code had changed
 
     def kill_before_saving(config):
@@ -116,14 +116,14 @@ def test_a_stale_entry_is_kept_until_its_replacement_exists(tmp_path, trained, m
     runner.hooks.append(kill_before_saving)
     try:
         with pytest.raises(KeyboardInterrupt), pytest.warns(S.StoreWarning, match="stale"):
-            proxy.train(BASE, store=tmp_path, progress=False)
+            mxp.train(BASE, store=tmp_path, progress=False)
     finally:
         runner.hooks.remove(kill_before_saving)
     # the old result survived the killed retrain
     assert json.loads((Path(first.path) / "run.json").read_text())["code_version"] != S.code_version()
     assert S.load_dir(first.path).config == BASE
     with pytest.warns(S.StoreWarning, match="stale"):
-        again = proxy.train(BASE, store=tmp_path, progress=False)
+        again = mxp.train(BASE, store=tmp_path, progress=False)
     assert same_metrics(first, again) and json.loads((Path(again.path) / "run.json").read_text())[
         "code_version"] == S.code_version()
     assert entries(tmp_path) == [BASE.hash()]
@@ -133,7 +133,7 @@ def test_a_stale_entry_is_kept_until_its_replacement_exists(tmp_path, trained, m
 def test_an_unwritable_store_fails_before_training(trained):
     ro = Path("/proc/self/proxy-runs")
     with pytest.raises(ValueError, match=r"run store /proc/\d+/proxy-runs is not writable"):
-        proxy.train(BASE, store=ro, progress=False)
+        mxp.train(BASE, store=ro, progress=False)
     assert trained == []
 
 
@@ -141,36 +141,36 @@ def test_a_file_as_store_fails_before_training(tmp_path, trained):
     f = tmp_path / "file"
     f.write_text("not a folder")
     with pytest.raises(ValueError, match="is not writable"):
-        proxy.train(BASE, store=f, progress=False)
+        mxp.train(BASE, store=f, progress=False)
     with pytest.raises(ValueError, match="is not writable"):
-        proxy.sweep(BASE, store=f / "sub", progress=False, lr=[1e-3])
+        mxp.sweep(BASE, store=f / "sub", progress=False, lr=[1e-3])
     assert trained == []
 
 
 def test_a_damaged_member_alone_is_retrained(tmp_path, trained):
-    a = proxy.sweep(BASE, store=tmp_path, progress=False, **AXES)
+    a = mxp.sweep(BASE, store=tmp_path, progress=False, **AXES)
     assert len(trained) == 4
     (Path(a.runs[2].path) / "metrics.parquet").write_bytes(b"PAR1 truncated")
     with pytest.warns(S.StoreWarning, match="damaged"):
-        b = proxy.sweep(BASE, store=tmp_path, progress=False, **AXES)
+        b = mxp.sweep(BASE, store=tmp_path, progress=False, **AXES)
     assert len(trained) == 5 and trained[-1] == a.configs[2]
     for ra, rb in zip(a.runs, b.runs):
         assert same_metrics(ra, rb)
 
 
 def test_second_identical_sweep_trains_nothing(tmp_path, trained):
-    a = proxy.sweep(BASE, store=tmp_path, progress=False, **AXES)
+    a = mxp.sweep(BASE, store=tmp_path, progress=False, **AXES)
     assert len(trained) == 4 and sorted(S.Store(tmp_path).keys()) == sorted(c.hash() for c in a.configs)
-    b = proxy.sweep(BASE, store=tmp_path, progress=False, **AXES)
+    b = mxp.sweep(BASE, store=tmp_path, progress=False, **AXES)
     assert len(trained) == 4
     for ra, rb in zip(a.runs, b.runs):
         assert same_metrics(ra, rb)
-    c = proxy.sweep(BASE, store=tmp_path, progress=False, lr=[1e-3, 3e-3, 1e-2], seed=[0, 1])
+    c = mxp.sweep(BASE, store=tmp_path, progress=False, lr=[1e-3, 3e-3, 1e-2], seed=[0, 1])
     assert len(trained) == 6 and len(c) == 6
 
 
 def test_interrupted_sweep_resumes_with_identical_results(tmp_path, trained):
-    reference = proxy.sweep(BASE, progress=False, **AXES)
+    reference = mxp.sweep(BASE, progress=False, **AXES)
     trained.clear()
 
     def crash(config):
@@ -180,19 +180,19 @@ def test_interrupted_sweep_resumes_with_identical_results(tmp_path, trained):
     runner.hooks.append(crash)
     try:
         with pytest.raises(KeyboardInterrupt):
-            proxy.sweep(BASE, store=tmp_path, progress=False, group_size=2, **AXES)
+            mxp.sweep(BASE, store=tmp_path, progress=False, group_size=2, **AXES)
     finally:
         runner.hooks.remove(crash)
     assert len(S.Store(tmp_path).keys()) == 2  # the first group of two was saved before the kill
     trained.clear()
-    resumed = proxy.sweep(BASE, store=tmp_path, progress=False, **AXES)
+    resumed = mxp.sweep(BASE, store=tmp_path, progress=False, **AXES)
     assert len(trained) == 2  # only the missing members
     for ra, rb in zip(reference.runs, resumed.runs):
         assert same_metrics(ra, rb)
 
 
 def test_leftovers_of_killed_writers_are_cleaned(tmp_path):
-    run = proxy.train(BASE.replace(checkpoint_at=(20,)), store=tmp_path, progress=False)
+    run = mxp.train(BASE.replace(checkpoint_at=(20,)), store=tmp_path, progress=False)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     pid = int(dead.stdout)  # a process that has exited
     orphans = [tmp_path / f".tmp-{pid}-deadbeef-old-x", Path(run.path) / f".tmp-{pid}-cafe-metrics.parquet",
@@ -207,10 +207,10 @@ def test_leftovers_of_killed_writers_are_cleaned(tmp_path):
 
 
 _RACE = """
-import sys, proxy
-cfg = proxy.Config(width=32, depth=2, batch=64, steps=40, diagnostics_every=0, val_every=20, recipe="fp32",
+import sys, mx_proxy as mxp
+cfg = mxp.Config(width=32, depth=2, batch=64, steps=40, diagnostics_every=0, val_every=20, recipe="fp32",
                    checkpoint_every=10)
-run = proxy.train(cfg, store=sys.argv[1], progress=False)
+run = mxp.train(cfg, store=sys.argv[1], progress=False)
 print(run.path, float(run.metrics.loss.iloc[-1]))
 """
 
@@ -233,8 +233,8 @@ def test_three_processes_training_one_config_into_one_store(tmp_path):
 
 
 def test_intervene_from_inside_a_run_folder_lands_next_to_its_parent(tmp_path, monkeypatch):
-    parent = proxy.train(BASE.replace(checkpoint_at=(20,)), store=tmp_path / "runs", progress=False)
+    parent = mxp.train(BASE.replace(checkpoint_at=(20,)), store=tmp_path / "runs", progress=False)
     monkeypatch.chdir(parent.path)
-    child = proxy.intervene(".", 20, apply="ln_exempt", progress=False)
+    child = mxp.intervene(".", 20, apply="ln_exempt", progress=False)
     assert Path(child.path).parent == tmp_path / "runs"
     assert not any(p.is_dir() and (p / "run.json").exists() for p in Path(parent.path).iterdir())

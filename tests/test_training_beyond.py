@@ -7,13 +7,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import proxy
-from proxy import recipe_json
-from proxy import diagnostics, layers, model
-from proxy import recipe as recipes
-from proxy.quantize import NVFP4, MXSpec, quantize
+import mx_proxy as mxp
+from mx_proxy.nn import layers, resmlp as model
+from mx_proxy.numerics import recipe_json
+from mx_proxy.numerics import recipe as recipes
+from mx_proxy.numerics.quantize import NVFP4, MXSpec, quantize
+from mx_proxy.training import diagnostics
 
-SMALL = proxy.Config(width=32, depth=2, batch=64, steps=40, lr=3e-3, diagnostics_every=10, val_every=20)
+SMALL = mxp.Config(width=32, depth=2, batch=64, steps=40, lr=3e-3, diagnostics_every=10, val_every=20)
 
 
 # ----------------------------------------------------------------------------- recipes
@@ -130,26 +131,26 @@ def test_stochastic_gemm_is_unbiased():
 
 @pytest.fixture(scope="module")
 def sr_run():
-    return proxy.train(SMALL.replace(recipe="mxfp4_2d"), store=False, progress=False)
+    return mxp.train(SMALL.replace(recipe="mxfp4_2d"), store=False, progress=False)
 
 
 def test_stochastic_training_replays_exactly(sr_run, tmp_path):
-    again = proxy.train(SMALL.replace(recipe="mxfp4_2d"), store=False, progress=False)
+    again = mxp.train(SMALL.replace(recipe="mxfp4_2d"), store=False, progress=False)
     assert again.metrics.equals(sr_run.metrics)
     det = recipes.get("mxfp4_2d").map_specs(lambda s: s.replace(rounding="even"))
-    other = proxy.train(SMALL.replace(recipe=det), store=False, progress=False)
+    other = mxp.train(SMALL.replace(recipe=det), store=False, progress=False)
     assert not np.array_equal(other.metrics["loss"], sr_run.metrics["loss"])
     assert np.array_equal(other.metrics["loss"][:1], sr_run.metrics["loss"][:1])  # forward of step 0 is deterministic
     # resuming from a checkpoint continues the same rounding stream
     cfg = SMALL.replace(recipe="mxfp4_2d", checkpoint_at=(20,))
-    parent = proxy.train(cfg, store=tmp_path / "a", progress=False)
+    parent = mxp.train(cfg, store=tmp_path / "a", progress=False)
     import shutil
 
     key = parent.info["key"]
     from conftest import killed_run_folder
 
     shutil.copytree(tmp_path / "a" / key / "checkpoints", f"{killed_run_folder(tmp_path / 'b', key)}/checkpoints")
-    resumed = proxy.train(cfg, store=tmp_path / "b", progress=False)
+    resumed = mxp.train(cfg, store=tmp_path / "b", progress=False)
     assert resumed.info.get("resumed_from") == 20 and resumed.metrics.equals(sr_run.metrics)
 
 
@@ -178,7 +179,7 @@ def test_weight_disagreement_is_zero_only_with_2d_tiles(sr_run):
 
 def test_ngpt_trains_with_unit_norm_weights_after_every_step():
     cfg = SMALL.replace(arch="ngpt", recipe="nvfp4", steps=20, checkpoint_every=10, val_every=10)
-    run = proxy.train(cfg, store=False, progress=False)
+    run = mxp.train(cfg, store=False, progress=False)
     assert run.diverged_at is None
     assert run.metrics["loss"].iloc[-1] < 0.5 * run.metrics["loss"].iloc[0]
     assert "head" in run.params and run.metrics["zeta_bound"].notna().sum() == 2
@@ -192,4 +193,4 @@ def test_ngpt_trains_with_unit_norm_weights_after_every_step():
 
 def test_arch_bad_input():
     with pytest.raises(ValueError, match="unknown arch 'gpt'; valid: resmlp, ngpt"):
-        proxy.Config(arch="gpt")
+        mxp.Config(arch="gpt")

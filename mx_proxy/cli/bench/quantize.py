@@ -1,0 +1,81 @@
+"""``mx-proxy bench quantize``: the cost of MX fake-quantization, relative to bf16.
+
+For each case, prints median(time of jitted ``mxp.quantize`` on a size x size
+float32 array) / median(time of a jitted float32 -> bf16 -> float32 round trip
+of the same array), both measured in this run, alternately, after a warm-up
+(compile) call. The target for E4M3 (floor scale, ties to even, axis -1) is a
+ratio of at most 2.0; every element format and axis 0 are reported too, and
+(no target) 2-D tiles and NVFP4.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+from mx_proxy.numerics.quantize import NVFP4, MXSpec, quantize
+from mx_proxy.viz.text import plain
+
+TARGET = 2.0
+CASES = (  # (spec, block axis); the first one is the target case
+    (MXSpec("fp8_e4m3"), -1),
+    (MXSpec("fp8_e4m3"), 0),
+    (MXSpec("fp8_e5m2"), -1),
+    (MXSpec("fp6_e3m2"), -1),
+    (MXSpec("fp6_e2m3"), -1),
+    (MXSpec("fp4_e2m1"), -1),
+    (MXSpec("int8"), -1),
+    (MXSpec("fp4_e2m1", scale_rule="rceil", block_dims=2), -1),  # 32x32 tiles
+    (NVFP4, -1),
+    (NVFP4.replace(block_dims=2), -1),  # 16x16 tiles
+)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _seconds(fn, x) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(fn(x))
+    return time.perf_counter() - start
+
+
+def interleaved_medians(fn, baseline, x, repeats: int) -> tuple[float, float]:
+    """Median wall seconds of ``fn(x)`` and ``baseline(x)``, timed alternately
+    (so both see the same machine load) after one warm-up call each."""
+    jax.block_until_ready(fn(x))
+    jax.block_until_ready(baseline(x))
+    times, base_times = [], []
+    for _ in range(repeats):
+        times.append(_seconds(fn, x))
+        base_times.append(_seconds(baseline, x))
+    return statistics.median(times), statistics.median(base_times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mx-proxy bench quantize", description=plain(__doc__.splitlines()[0]))
+    parser.add_argument("--size", type=_positive_int, default=4096, help="array is size x size float32")
+    parser.add_argument("--repeats", type=_positive_int, default=10, help="timed calls per function and case")
+    args = parser.parse_args(argv)
+
+    x = jax.random.normal(jax.random.key(0), (args.size, args.size), jnp.float32)
+    bf16_round_trip = jax.jit(lambda a: a.astype(jnp.bfloat16).astype(jnp.float32))
+    for _ in range(3):  # warm the allocator and thread pool before the first case
+        jax.block_until_ready(bf16_round_trip(x))
+    print(f"mx-proxy bench quantize: {args.size}x{args.size} float32 on {jax.devices()[0].platform}, "
+          f"median of {args.repeats} interleaved calls; ratio = quantize / (f32->bf16->f32)")
+    print(f"{'spec':<28} {'axis':>4} {'quantize ms':>12} {'bf16 ms':>9} {'ratio':>7}  target")
+    for i, (spec, axis) in enumerate(CASES):
+        t, t_base = interleaved_medians(lambda a: quantize(a, spec, axis=axis), bf16_round_trip, x, args.repeats)
+        ratio = t / t_base
+        target = f"<= {TARGET} ({'met' if ratio <= TARGET else 'missed'})" if i == 0 else f"(<= {TARGET} for E4M3)" if spec.block_dims == 1 and spec.scale_format == "e8m0" else "(none)"
+        print(f"{spec.name:<28} {axis:>4} {t * 1e3:>12.1f} {t_base * 1e3:>9.1f} {ratio:>7.2f}  {target}", flush=True)
+    return 0

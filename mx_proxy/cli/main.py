@@ -1,0 +1,209 @@
+"""The ``mx-proxy`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import os
+import sys
+import typing
+
+from mx_proxy.cli.bench import BENCHMARKS, describe
+from mx_proxy.cli.experiment_commands import add_experiment_commands, add_store_options, guard, parse_bool, store_arg
+from mx_proxy.cli.help import CHOICES, PlainFormatter, cli_message, config_help, flag, plain
+from mx_proxy.experiments import campaign, scales
+from mx_proxy.runner import loop as runner
+from mx_proxy.training.config import Config
+from mx_proxy.viz.figures import FIGURE_DOCS, FIGURES, campaign_figures, default_dir, generate
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse exits with status 2 on bad input and names the valid choices;
+    help texts are plain terminal text (:class:`mx_proxy.cli.help.PlainFormatter`)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", PlainFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def _bench(args) -> int:
+    if args.name not in BENCHMARKS:
+        print(f"mx-proxy bench: unknown benchmark {args.name!r}; valid: {', '.join(BENCHMARKS)}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(BENCHMARKS[args.name])
+    return int(module.main(args.rest) or 0)
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, *, nargs: str | None = None) -> None:
+    """One ``--field-name`` option per :class:`mxp.Config` field, typed from
+    its default (``nargs="+"`` turns each into a list, for sweeps), with its
+    line of :data:`mx_proxy.training.config.FIELD_DOCS`, accepted values and default."""
+    hints = typing.get_type_hints(Config)
+    for f in dataclasses.fields(Config):
+        default = f.default
+        hint = hints[f.name]
+        if f.name in CHOICES:
+            kind, metavar = _choice(f.name), "NAME"
+        else:
+            kind = type(default) if default is not None else (int if "int" in str(hint) else str)
+            if kind is tuple:
+                kind = int
+            if kind is bool:
+                kind = parse_bool
+            metavar = {bool: "BOOL", int: "N", float: "X"}.get(type(default) if default is not None else kind, "TEXT")
+            metavar = {"controller": "SPEC", "checkpoint_at": "STEP"}.get(f.name, metavar)
+        parser.add_argument(flag(f.name), dest=f.name, type=kind, metavar=metavar,
+                            nargs=nargs or ("+" if isinstance(default, tuple) else None), default=None,
+                            help=config_help(f.name, multi=nargs is not None))
+
+
+def _choice(name: str):
+    valid = CHOICES[name]
+
+    def parse(text: str) -> str:
+        if text not in valid:
+            raise argparse.ArgumentTypeError(f"invalid choice: {text!r}; valid: {', '.join(valid)}")
+        return text
+
+    parse.__name__ = name
+    return parse
+
+
+def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace, base=None):
+    """The Config the options ask for; a bad value exits with status 2."""
+    changes = {f.name: getattr(args, f.name) for f in dataclasses.fields(Config)
+               if getattr(args, f.name, None) is not None}
+    changes = {k: tuple(v) if isinstance(v, list) else v for k, v in changes.items()}
+    try:
+        return (base or Config()).replace(**changes)
+    except ValueError as err:
+        parser.error(cli_message(str(err)))
+
+
+def _train(args) -> int:
+    cfg = config_from_args(args.parser, args)
+    store = store_arg(args)
+    run = runner.train(cfg, store=store if store is not False else None, force=args.force, progress=not args.quiet)
+    print(f"{run.summary()}" + (f" -> {run.path}" if run.path else ""))
+    return 0
+
+
+def _figures(args) -> int:
+    try:
+        store = store_arg(args)
+        written = generate(args.only, scale=args.scale, out=args.out, store=store or None, results=args.results,
+                           pdf=args.pdf, jobs=args.jobs, progress=not args.quiet)
+    except ValueError as err:
+        args.parser.error(cli_message(str(err)))
+    if written:
+        print(f"{len(written)} figure file(s) in {os.path.dirname(written[0])}"
+              + ("" if store is False else f"; run store: {store}"))
+    return 0
+
+
+def _campaign(args) -> int:
+    try:
+        index = campaign.run(args.scale, args.out, kinds=args.only or campaign.KINDS, widths=args.widths,
+                             progress=not args.quiet, store=not args.no_store, estimate=args.estimate)
+    except ValueError as err:
+        args.parser.error(cli_message(str(err)))
+    except KeyboardInterrupt:
+        print("mx-proxy campaign: interrupted; finished runs are kept in the store and results folder, "
+              "and a rerun resumes", file=sys.stderr)
+        return 130
+    if len(index):
+        cols = ["label", "diverged_at", "final_loss", "steps_run", "wall_time_s"]
+        print(index[cols].to_string(index=False))
+    print(f"results: {args.out}/results (index.csv)" + ("" if args.no_store else f"; run store: {args.out}/runs"))
+    if args.figures:
+        for path in campaign_figures(f"{args.out}/results", out=args.figures):
+            print(f"figure: {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="mx-proxy", description="MX low-precision training workbench")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    add_experiment_commands(sub)
+    listing = "\n".join(f"  {name:<9} {describe(name)}" for name in BENCHMARKS)
+    bench = sub.add_parser("bench", help="run a benchmark and print measured ratios",
+                           description="Run one benchmark; it measures everything it reports in this run and prints "
+                                       "ratios (no benchmark asserts a time). docs/benchmarks.md has what each "
+                                       f"measured here. `mx-proxy bench NAME --help` shows its options.\n\n"
+                                       f"benchmarks:\n{listing}")
+    bench.add_argument("name", metavar="NAME", help=f"one of: {', '.join(BENCHMARKS)}")
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")
+    bench.set_defaults(func=_bench)
+
+    train = sub.add_parser("train", help="train one run into the run store (config.json, metrics.parquet, ...)")
+    add_config_arguments(train)
+    add_store_options(train, aliases=("--store", "--out"))
+    train.set_defaults(func=guard(_train), parser=train)
+
+    camp = sub.add_parser("campaign", help="run the paper's headline experiments at a scale (Figs. 2, 4, 5, 7)")
+    camp.add_argument("--scale", required=True, choices=[n for n, s in scales.SCALES.items() if s.campaign],
+                      help="smoke (CI), medium (a 2-core CPU, hours) or paper (one H200, minutes)")
+    camp.add_argument("--out", required=True, help="folder for the run store (OUT/runs) and results (OUT/results)")
+    camp.add_argument("--only", nargs="+", choices=campaign.KINDS, help="parts to run (default: all)")
+    camp.add_argument("--widths", nargs="+", type=int, help="only these model widths")
+    camp.add_argument("--figures", metavar="DIR", help="also write the campaign's figures into DIR")
+    camp.add_argument("--quiet", action="store_true", help="no progress bars")
+    camp.add_argument("--estimate", action="store_true",
+                      help="first time two steps of each paired run still to train and print the expected wall time")
+    camp.add_argument("--no-store", action="store_true",
+                      help="keep the runs in memory (no OUT/runs: nothing to resume from); results are still written")
+    camp.set_defaults(func=_campaign, parser=camp)
+
+    listing = "\n".join(f"  {name:<22} {FIGURE_DOCS[name]}" for name in FIGURES)
+    figures = sub.add_parser(
+        "figures", help="regenerate the figures (PNG, optionally PDF)",
+        description=f"Train (or load) the runs each figure needs and draw it. By default the figures go to "
+                    f"{default_dir('figures')} and the runs to the store {default_dir('runs')}, outside the "
+                    f"checkout; --out figures/ replaces the committed figures. The runs of all the figures asked "
+                    f"for train first, in parallel processes (--jobs).\n\nfigures (--only):\n{listing}")
+    figures.add_argument("--scale", default="quick", choices=scales.names(),
+                         help="experiment scale: smoke (seconds), quick (minutes on 2 cores), medium, paper "
+                              "(default: quick)")
+    figures.add_argument("--only", nargs="+", metavar="NAME", help=f"figures to make (default: all); valid: "
+                                                                    f"{', '.join(FIGURES)}")
+    figures.add_argument("--out", default=None, metavar="DIR",
+                         help=f"output folder (default: {default_dir('figures')}; figures/ replaces the committed "
+                              f"ones)")
+    figures.add_argument("--pdf", action="store_true", help="also write PDF")
+    figures.add_argument("--results", default="results", metavar="DIR",
+                         help="campaign results root for the headline_* figures (default: results/)")
+    figures.add_argument("--jobs", type=int, default=None, metavar="N",
+                         help="processes that train the runs in parallel (default: one per core, at most 4; "
+                              "1: everything in this process)")
+    figures.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_store_options(figures, train=False, default=str(default_dir("runs")))
+    figures.set_defaults(func=_figures, parser=figures)
+    return parser
+
+
+def headless_backend() -> None:
+    """Select matplotlib's non-interactive Agg backend for this process,
+    unless ``$MPLBACKEND`` names one: the command writes figures to files and
+    must neither open windows nor need a display. Only entry points choose a
+    backend; library modules (``mxp.plots``) never do."""
+    if os.environ.get("MPLBACKEND"):
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+
+
+def main(argv: list[str] | None = None) -> int:
+    headless_backend()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print(f"proxy {args.command}: interrupted; results finished before the interrupt are kept", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""Analysis of runs: instability measures and the summary tables the notebooks print.
+
+Pure functions of :class:`mxp.Run` objects (no training): :func:`instability`
+(divergence, 10× blow-ups, spikes), :func:`summary` (one row per run),
+:func:`clamp_window`, :func:`zeta_by_clamping` and :func:`paper_metric_table`
+(the paper's ζ and its controls).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+
+from mx_proxy.numerics import recipe_json
+from mx_proxy.training.config import Config
+from mx_proxy.training.result import Run
+
+__all__ = ["instability", "summary", "clamp_window", "zeta_by_clamping", "paper_metric_table"]
+
+
+def _window(run: Run) -> int:
+    return max(10, min(100, run.config.steps // 10))
+
+
+def instability(run: Run, factor: float = 10.0) -> dict:
+    """Instability measures of one run.
+
+    ``diverged_at``: the engine's stop (non-finite loss, or one step
+    ``spike_factor``× the previous). ``blowup_at``: first step whose loss
+    exceeds ``factor`` × the minimum of the previous W steps (W = 100, or a
+    tenth of a short run; the first W steps, the initial transient, are
+    skipped) -- it also catches multi-step blow-ups that never jump 100× in one
+    step. ``spikes``: how many separate such excursions (plus one for a
+    divergence). ``max_jump``: the largest loss / running-minimum ratio.
+    """
+    loss = run.metrics["loss"].to_numpy(dtype=float)
+    loss = np.where(np.isfinite(loss), loss, np.inf)
+    w = _window(run)
+    ratio = np.ones_like(loss)
+    for i in range(w, len(loss)):
+        ratio[i] = loss[i] / loss[i - w:i].min()
+    hot = ratio > factor
+    starts = np.flatnonzero(hot & ~np.r_[False, hot[:-1]])
+    steps = run.metrics["step"].to_numpy()
+    return {
+        "diverged_at": run.diverged_at,
+        "blowup_at": int(steps[starts[0]]) if len(starts) else None,
+        "spikes": int(len(starts)) + (run.diverged_at is not None and not hot[-1:].any()),
+        "max_jump": float(ratio.max()) if len(ratio) else float("nan"),
+    }
+
+
+def clamp_window(run: Run, threshold: float = 0.5) -> tuple[int, int] | None:
+    """(first, last) diagnostic step at which more than ``threshold`` of the LN
+    gains clamp under the recipe's weight spec (the diagnostic format for
+    unquantized recipes), or ``None`` if never."""
+    m = run.metrics.dropna(subset=["ln_clamp_frac"]) if "ln_clamp_frac" in run.metrics else None
+    if m is None or not len(m):
+        return None
+    hot = m[m["ln_clamp_frac"] > threshold]
+    return (int(hot["step"].iloc[0]), int(hot["step"].iloc[-1])) if len(hot) else None
+
+
+def _label(run: Run) -> str:
+    name = run.config.recipe.name
+    if run.config.gradient_reference == "paired_run":
+        name += " (paired run)"
+    return name
+
+
+def summary(runs, fields: Iterable[str] | None = None) -> pd.DataFrame:
+    """One row per run: the recipe, the config fields that vary across
+    ``runs`` (or ``fields``), the instability measures of :func:`instability`,
+    final and minimum loss, and over the diagnostic steps before any
+    divergence the median and maximum ‖ζ‖ bound, the minimum cosine and the
+    maximum LN clamp fraction. Interventions add their step and name."""
+    runs = list(runs)
+    if fields is None:
+        skip = {"recipe", "checkpoint_at", "gradient_reference"}
+        fields = [f for f in Config.field_names() if f not in skip
+                  and len({repr(getattr(r.config, f)) for r in runs}) > 1]
+    rows = []
+    for r in runs:
+        m = r.metrics
+        if r.diverged_at is not None:
+            m = m[m["step"] < r.diverged_at]
+        d = m.dropna(subset=["zeta_bound"]) if "zeta_bound" in m else m.iloc[0:0]
+        row = {"recipe": _label(r)}
+        iv = r.info.get("intervention") if isinstance(r.info, dict) else None
+        if iv:
+            row["intervention"] = "+".join(iv.get("apply") or []) or recipe_json.to_json(r.config.recipe)
+            row["at_step"] = iv.get("at_step")
+        row.update({f: getattr(r.config, f) for f in fields})
+        row.update(instability(r))
+        row["final_loss"] = r.final_loss
+        row["min_loss"] = float(m["loss"].min()) if len(m) else float("nan")
+        for col, fn, name in (("zeta_bound", np.median, "zeta_median"), ("zeta_bound", np.max, "zeta_max"),
+                              ("cosine", np.min, "cosine_min"), ("ln_clamp_frac", np.max, "ln_clamp_max")):
+            v = d[col].to_numpy(dtype=float) if col in d else np.array([])
+            v = v[np.isfinite(v)]
+            row[name] = float(fn(v)) if len(v) else float("nan")
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    for c in ("diverged_at", "blowup_at", "at_step"):
+        if c in df:
+            df[c] = df[c].astype("Int64")
+    return df
+
+
+def zeta_by_clamping(run: Run, reference: Run | None = None, threshold: float = 0.5) -> dict:
+    """Median ‖ζ‖ bound and cosine of ``run`` on the diagnostic steps where
+    more than ``threshold`` of the LN gains of ``reference`` (default: the run
+    itself) clamp, and on the other steps; with the number of steps of each.
+    Comparing a run with its LN-affine-exempt twin on the same steps tells
+    how much of the gradient error the clamped gains carry."""
+    ref = reference if reference is not None else run
+    d = run.metrics.dropna(subset=["zeta_bound"])[["step", "zeta_bound", "cosine"]]
+    c = ref.metrics.dropna(subset=["ln_clamp_frac"])[["step", "ln_clamp_frac"]]
+    j = d.merge(c, on="step")
+    hot = j["ln_clamp_frac"] > threshold
+    out = {}
+    for name, part in (("clamping", j[hot]), ("other", j[~hot])):
+        out[f"steps_{name}"] = int(len(part))
+        out[f"zeta_{name}"] = float(part["zeta_bound"].median()) if len(part) else float("nan")
+        out[f"cosine_{name}"] = float(part["cosine"].median()) if len(part) else float("nan")
+    return out
+
+
+def paper_metric_table(runs) -> pd.DataFrame:
+    """One row per paired run: what its reference differs in, the median and
+    maximum of the paper's ζ, the fraction of steps with ζ above 1.5, the median cosine against the paired run, and (where it differs from
+    the run itself) the median same-point ‖ζ‖ bound."""
+    rows = []
+    for r in runs:
+        c = r.config
+        m = r.metrics if r.diverged_at is None else r.metrics[r.metrics["step"] < r.diverged_at]
+        d = m.dropna(subset=["zeta_paper"])
+        differs = [f"seed {c.reference_seed}" for _ in [0] if c.reference_seed not in (None, c.seed)]
+        differs += [f"data seed {c.reference_data_seed}" for _ in [0]
+                    if c.reference_data_seed not in (None, c.data_seed)]
+        rows.append({
+            "run": c.recipe.name, "reference": c.reference_recipe.name,
+            "reference differs in": ", ".join(differs) or "precision only",
+            "zeta_paper_median": float(d["zeta_paper"].median()), "zeta_paper_max": float(d["zeta_paper"].max()),
+            "frac_above_1.5": float((d["zeta_paper"] > 1.5).mean()),
+            "cosine_paper_median": float(d["cosine_paper"].median()),
+            "same_point_zeta_median": float(d["zeta_bound"].median()),
+            "diverged_at": r.diverged_at,
+        })
+    return pd.DataFrame(rows)

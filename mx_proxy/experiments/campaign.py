@@ -1,0 +1,323 @@
+"""``mx-proxy campaign``: the paper's headline experiments, run where the paper ran them.
+
+A scale's :class:`~mx_proxy.experiments.scales.Campaign` lists four kinds of runs:
+
+- ``grid``: Fig. 2, every width × recipe × learning rate (the LRs of one
+  width and recipe are one vmapped program);
+- ``paired``: Figs. 4/5, each MX recipe with its FP32 run trained alongside
+  (``paired_run=True``; the recipes of one width, LR and seed share one
+  FP32 run, :mod:`mx_proxy.training.twins`): every diagnostic step records the same-point ‖ζ‖
+  bound (quantization error at the same weights), the paper's squared ζ
+  against the FP32 run, the cosines and the LN clamp fractions;
+- ``control``: the paper metric's controls, e.g. FP32 against FP32 with
+  another seed (two decorrelated runs give ζ_paper ≈ 2 with nothing
+  quantized);
+- ``intervention``: Fig. 7, the first paired run continued from its
+  checkpoints with each named intervention.
+
+Runs train into a run store (``OUT/runs``: resumable, and a second call loads
+what is done) and are exported, as they finish, to a compact results folder
+(``OUT/results``): per run ``metrics.parquet`` (every step), ``config.json``
+and ``run.json`` (label, kind, divergence, wall time, code version), and an
+``index.csv`` of all of them. :func:`load_results` reads such a folder back
+as :class:`~mx_proxy.training.result.Run` objects (without parameters) for the figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+import jax
+import pandas as pd
+
+from mx_proxy.experiments import scales as _scales
+from mx_proxy.runner import interventions, loop as runner
+from mx_proxy.store import run_store as _store
+from mx_proxy.training import twins
+from mx_proxy.training.config import Config
+from mx_proxy.training.engine import compiler_options, dynamic_for, program_for
+from mx_proxy.training.result import Run
+
+__all__ = ["KINDS", "Entry", "plan", "run", "export", "load_results", "results_index"]
+
+KINDS = ("grid", "paired", "control", "intervention")
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One planned run: its results-folder ``label``, ``kind`` and config."""
+
+    label: str
+    kind: str
+    config: Config
+
+
+def _lr(v: float) -> str:
+    return f"{v:.0e}".replace("e-0", "e-")
+
+
+def plan(scale: str | _scales.Scale, kinds: Iterable[str] = KINDS) -> list[Entry]:
+    """The grid, paired and control runs of a scale's campaign (interventions
+    follow from the trained paired run, see :func:`run`)."""
+    s = scale if isinstance(scale, _scales.Scale) else _scales.get(scale)
+    c = s.campaign
+    if c is None:
+        raise ValueError(f"scale {s.name!r} has no campaign; scales with one: "
+                         f"{', '.join(n for n in _scales.names() if _scales.get(n).campaign)}")
+    kinds = _check_kinds(kinds)
+    base = s.config.replace(checkpoint_every=0, checkpoint_at=())
+    out: list[Entry] = []
+    if "grid" in kinds:
+        for w in c.grid_widths:
+            for r in c.grid_recipes:
+                for lr in c.grid_lrs:
+                    cfg = base.replace(width=w, recipe=r, lr=lr, steps=c.grid_steps,
+                                       diagnostics_every=c.grid_diagnostics_every,
+                                       val_every=_multiple(base.val_every, c.grid_diagnostics_every))
+                    out.append(Entry(f"grid-w{w}-{r}-lr{_lr(lr)}", "grid", cfg))
+    paired_base = s.config.replace(steps=c.paired_steps, paired_run=True, checkpoint_every=c.checkpoint_every,
+                                   checkpoint_at=tuple(c.intervention_steps))
+    if "paired" in kinds:
+        for w in c.paired_widths:
+            for r in c.paired_recipes:
+                for lr in c.paired_lrs:
+                    for seed in c.seeds:
+                        cfg = paired_base.replace(width=w, recipe=r, lr=lr, seed=seed)
+                        out.append(Entry(f"paired-w{w}-{r}-lr{_lr(lr)}-s{seed}", "paired", cfg))
+    if "control" in kinds:
+        for w in c.paired_widths:
+            for recipe, ref, offset in c.controls:
+                for seed in c.seeds:
+                    cfg = paired_base.replace(width=w, recipe=recipe, reference_recipe=ref, lr=c.paired_lrs[0],
+                                              seed=seed, reference_seed=seed + offset if offset else None,
+                                              checkpoint_every=0, checkpoint_at=())
+                    tag = f"{recipe}-vs-{ref}" + (f"-seed+{offset}" if offset else "")
+                    out.append(Entry(f"control-w{w}-{tag}-s{seed}", "control", cfg))
+    return out
+
+
+def _multiple(every: int, period: int) -> int:
+    return max(period, (every // period) * period) if every else 0
+
+
+def _check_kinds(kinds) -> tuple[str, ...]:
+    kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        raise ValueError(f"unknown campaign part(s) {bad}; valid: {', '.join(KINDS)}")
+    return kinds
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=10)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def export(run_: Run, label: str, kind: str, results: str | os.PathLike) -> Path:
+    """Write one run's compact results to ``results/label/`` (metrics,
+    config, provenance; no parameters) atomically, and return the folder."""
+    folder = Path(results) / label
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "label": label, "kind": kind, "diverged_at": run_.diverged_at, "steps_run": int(len(run_.metrics)),
+        "final_loss": run_.final_loss, "wall_time_s": run_.wall_time_s, "key": run_.info.get("key"),
+        "intervention": run_.info.get("intervention"), "parent": run_.info.get("parent"),
+        "code_version": _store.code_version(), "git_commit": _git_commit(),
+        "device": f"{jax.default_backend()}: {jax.devices()[0].device_kind}", "host": platform.node(),
+    }
+    for name, write in (("metrics.parquet", lambda p: run_.metrics.to_parquet(p, index=False)),
+                        ("config.json", lambda p: Path(p).write_text(run_.config.to_json())),
+                        ("run.json", lambda p: Path(p).write_text(json.dumps(meta, indent=1, default=str)))):
+        tmp = folder / f".{name}.tmp"
+        write(tmp)
+        os.replace(tmp, folder / name)
+    return folder
+
+
+def results_index(results: str | os.PathLike) -> pd.DataFrame:
+    """One row per exported run of a results folder (from each ``run.json``
+    and ``config.json``), sorted by label."""
+    rows = []
+    for meta_file in sorted(Path(results).glob("*/run.json")):
+        meta = json.loads(meta_file.read_text())
+        cfg = Config.from_dict(json.loads((meta_file.parent / "config.json").read_text()))
+        rows.append({"label": meta["label"], "kind": meta["kind"], "recipe": cfg.recipe.name,
+                     "reference": cfg.reference_recipe.name if cfg.has_paired_run else None,
+                     "width": cfg.width, "depth": cfg.depth, "batch": cfg.batch, "lr": cfg.lr, "seed": cfg.seed,
+                     "steps": cfg.steps, "steps_run": meta["steps_run"], "diverged_at": meta["diverged_at"],
+                     "final_loss": meta["final_loss"], "wall_time_s": meta["wall_time_s"],
+                     "code_version": meta["code_version"], "git_commit": meta.get("git_commit"),
+                     "device": meta.get("device")})
+    df = pd.DataFrame(rows)
+    if len(df):
+        df["diverged_at"] = df["diverged_at"].astype("Int64")
+    return df
+
+
+def load_results(results: str | os.PathLike, kinds: Iterable[str] = KINDS) -> list[Run]:
+    """The exported runs of a results folder (``kinds`` only), as :class:`Run`
+    objects without parameters; ``info`` holds the ``run.json`` fields."""
+    kinds = _check_kinds(kinds)
+    runs = []
+    for meta_file in sorted(Path(results).glob("*/run.json")):
+        meta = json.loads(meta_file.read_text())
+        if meta["kind"] not in kinds:
+            continue
+        folder = meta_file.parent
+        cfg = Config.from_dict(json.loads((folder / "config.json").read_text()))
+        metrics = pd.read_parquet(folder / "metrics.parquet")
+        runs.append(Run(cfg, metrics, meta["diverged_at"], None, meta.get("wall_time_s") or 0.0, dict(meta),
+                        str(folder)))
+    return runs
+
+
+def run(scale: str | _scales.Scale, out: str | os.PathLike, *, kinds: Iterable[str] = KINDS,
+        widths: Iterable[int] | None = None, progress: bool = True, store: bool = True,
+        log: Callable[[str], None] = print, estimate: bool = False) -> pd.DataFrame:
+    """Train (or load) every run of the scale's campaign into ``out/runs`` (or
+    memory only with ``store=False``) and export each to ``out/results`` as
+    soon as it is done; returns the index.
+
+    ``kinds``: the parts to run (``grid``, ``paired``, ``control``,
+    ``intervention``); ``widths``: only these widths. Runs of one width and
+    recipe that differ only in LR or seed train as one vmapped program.
+    Interrupted, it resumes: finished runs load from the store and an
+    unfinished one continues from its last checkpoint. ``estimate``: first
+    time two steps of each paired run still to train and log the expected
+    wall time (a compile each).
+    """
+    s = scale if isinstance(scale, _scales.Scale) else _scales.get(scale)
+    kinds = _check_kinds(kinds)
+    out = Path(out).resolve()
+    store, results = (out / "runs" if store else None), out / "results"
+    entries = plan(s, kinds)
+    if widths is not None:
+        widths = set(widths)
+        entries = [e for e in entries if e.config.width in widths]
+    groups: dict = {}
+    for e in entries:  # one sweep per (kind, program): LRs and seeds vmapped; paired recipes share their FP32 run
+        key = (e.kind, e.config.replace(lr=1.0, seed=0, reference_seed=None))
+        if e.kind == "paired":
+            key = (e.kind, e.config.replace(recipe="fp32"))
+        groups.setdefault(key, []).append(e)
+    t0 = time.perf_counter()
+    c = s.campaign
+
+    def train_groups(kind):
+        for (k, _), members in groups.items():
+            if k != kind:
+                continue
+            log(f"[campaign {s.name}] {kind}: {', '.join(m.label for m in members)}")
+            if _lr_only(members):
+                trained = list(runner.sweep(members[0].config, store=store, progress=progress,
+                                            lr=[m.config.lr for m in members]).runs)
+            elif twins.shareable([m.config for m in members]):  # 1 + k runs for k recipes
+                trained = list(runner.sweep(members[0].config, store=store, progress=progress,
+                                            recipe=[m.config.recipe for m in members]).runs)
+            else:
+                trained = [runner.train(m.config, store=store, progress=progress) for m in members]
+            for m, r in zip(members, trained):
+                export(r, m.label, kind, results)
+                status = f"diverged at {r.diverged_at}" if r.diverged_at is not None else "stable"
+                log(f"  {m.label}: final loss {r.final_loss:.4g}, {status} ({time.perf_counter() - t0:.0f}s)")
+
+    if estimate and "paired" in kinds:
+        total = 0.0
+        for (k, _), members in groups.items():
+            todo = [m for m in members if not (results / m.label / "run.json").exists()]
+            if k != "paired" or not todo:
+                continue
+            sec = seconds_per_step([m.config for m in todo])
+            total += sec * todo[0].config.steps
+            log(f"[campaign {s.name}] {', '.join(m.label for m in todo)}: {sec * 1e3:.0f} ms/step measured here, "
+                f"{todo[0].config.steps} steps ≈ {_duration(sec * todo[0].config.steps)}")
+        if total:
+            log(f"[campaign {s.name}] expected wall time of the paired runs still to train: {_duration(total)} "
+                f"from scratch (less where the store holds checkpoints to resume from)")
+    # the headline first (a time-limited run keeps what it finished): paired runs, their
+    # interventions, the controls, then the LR grid
+    if "paired" in kinds:
+        train_groups("paired")
+    if "intervention" in kinds and c.interventions:
+        _interventions(s, widths, store, results, progress, log)
+    for kind in ("control", "grid"):
+        if kind in kinds:
+            train_groups(kind)
+    index = results_index(results)
+    if len(index):
+        index.to_csv(results / "index.csv", index=False)
+    return index
+
+
+def _interventions(s: _scales.Scale, widths, store, results, progress, log):
+    """Fig. 7: paired runs at the largest width (first LR and seed) continued
+    from each intervention step with each mitigation: the first paired
+    recipe's run, or, with ``interventions_after_divergence``, every paired
+    run that diverged (from the steps before its divergence)."""
+    c = s.campaign
+    paired = [e for e in plan(s, ("paired",)) if widths is None or e.config.width in widths]
+    if not paired:
+        return
+    top = max(e.config.width for e in paired)
+    first = [e for e in paired if e.config.width == top and e.config.lr == c.paired_lrs[0]
+             and e.config.seed == c.seeds[0]]
+    if not c.interventions_after_divergence:
+        first = [e for e in first if e.config.recipe.name == c.paired_recipes[0]]
+    for p in first:
+        parent = runner.train(p.config, store=store, progress=progress)
+        if c.interventions_after_divergence and parent.diverged_at is None:
+            log(f"  {p.label}: stable to step {p.config.steps}, no interventions needed")
+            continue
+        for t in c.intervention_steps:
+            if parent.diverged_at is not None and t >= parent.diverged_at:
+                log(f"  {p.label}: diverged at {parent.diverged_at}, before the intervention at {t}")
+                continue
+            for name in c.interventions:
+                child = interventions.intervene(parent, t, apply=name, checkpoint_at=(), checkpoint_every=0,
+                                                store=store or False, progress=progress)
+                label = f"intervention-{p.label.removeprefix('paired-')}-at{t}-{name}"
+                export(child, label, "intervention", results)
+                status = f"diverged at {child.diverged_at}" if child.diverged_at is not None else "stable"
+                log(f"  {label}: final loss {child.final_loss:.4g}, {status}")
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{max(seconds / 60, 0.1):.1f} min"
+
+
+def seconds_per_step(configs: list[Config], steps: int = 2) -> float:
+    """Measured wall seconds of one training step of ``configs`` trained
+    together (one config, or paired recipes sharing their FP32 run; paired
+    runs and diagnostics included, at their period): at least ``steps``
+    steps timed after a compiled warm-up call."""
+    configs = configs if twins.shareable(configs) else configs[:1]
+    first = configs[0]
+    program = twins.TwinProgram(tuple(configs)) if len(configs) > 1 else program_for(first)
+    dyn = dynamic_for(first)
+    opts = compiler_options(first)
+    states = [jax.jit(program_for(c).init, compiler_options=opts)(dyn) for c in configs]
+    teacher = states[0][1]
+    state = twins.twin_state([st for st, _ in states]) if len(configs) > 1 else states[0][0]
+    n = max(steps, first.diagnostics_every or 1)
+    seg = jax.jit(program.segment, static_argnames=("n",), compiler_options=opts)
+    jax.block_until_ready(seg(state, dyn, teacher, jax.numpy.int32(0), n=n))
+    t0 = time.perf_counter()
+    jax.block_until_ready(seg(state, dyn, teacher, jax.numpy.int32(0), n=n))
+    return (time.perf_counter() - t0) / n
+
+
+def _lr_only(members: list[Entry]) -> bool:
+    """True when the members differ only in their learning rate (one vmapped sweep)."""
+    first = members[0].config
+    return len(members) > 1 and all(m.config.replace(lr=first.lr) == first for m in members)

@@ -1,0 +1,137 @@
+"""The paper's proxy: a residual-MLP student learning a frozen MLP teacher.
+
+Student: ``depth`` blocks of ``x + fc2(act(fc1(LN(x))))`` with fc1 d→4d (no
+bias) and fc2 4d→d (with bias), LN one of :data:`NORMS` (LayerNorm with
+gain and bias, RMSNorm with a gain, LayerNorm without affine parameters, or
+none; see :func:`normalize`); for SwiGLU fc1 is d→2h, h = round(8d/3), so the
+parameter count matches. Teacher: ``depth`` blocks of ``Linear(d, h, no
+bias) → act → Linear(h, d, no bias)``, no LN, no residual, never trained.
+
+Every dense layer of the student is :func:`mx_proxy.nn.layers.mx_dense` under the
+recipe (or the recipe's override for that layer); the teacher always runs in
+float32. ``arch="ngpt"`` swaps the student for the hypersphere-normalized
+variant of :mod:`mx_proxy.nn.ngpt` (see :mod:`mx_proxy.nn.architectures`).
+
+Both students take ``(x, key=None, promote=None)``: ``key`` is the PRNG key
+of this step's stochastic rounding (block i folds in i, its dense layer j
+folds in j); ``promote`` is a (depth, 2) boolean array, per block the
+controller's promotion of its normalization unit (column 0) and of its GEMMs
+(column 1) to ``high_recipe`` (see :mod:`mx_proxy.training.controllers`).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from mx_proxy.nn import layers
+from mx_proxy.nn.blocks import INITS, _bias_init, _flag, _fold, _kernel_init, fc1_width, hidden_width, layer_names
+from mx_proxy.numerics.recipe import PRESETS, Recipe
+
+__all__ = ["Student", "Teacher", "hidden_width", "fc1_width", "layer_names", "normalize", "INITS", "NORMS"]
+
+# layernorm: gain and bias; rmsnorm: RMSNorm with a gain (``ln_gain``), no bias;
+# layernorm_noaffine: LayerNorm without gain or bias (no parameters); none: no normalization.
+NORMS = ("layernorm", "none", "rmsnorm", "layernorm_noaffine")
+
+
+def normalize(module: nn.Module, norm: str, z, width: int, flag, recipe: Recipe, high: Recipe | None):
+    """The block's normalization of ``z`` (..., width), declaring its
+    parameters on ``module``: ``layernorm`` (``ln_gain`` ones, ``ln_bias``
+    zeros), ``rmsnorm`` (``ln_gain`` ones, no bias: the diagnostics and the
+    controller treat it as LayerNorm's gain), ``layernorm_noaffine`` (no
+    parameters), ``none`` (identity). ``flag``: the controller's promotion of
+    this normalization unit to ``high`` (see :func:`mx_proxy.nn.layers.switch`).
+
+    Raises:
+      ValueError: an unknown ``norm`` (naming the valid ones).
+    """
+    if norm == "none":
+        return z
+    if norm == "layernorm":
+        gain = module.param("ln_gain", nn.initializers.ones, (width,))
+        bias = module.param("ln_bias", nn.initializers.zeros, (width,))
+        return layers.switch(flag, lambda rc: layers.layer_norm(z, gain, bias, rc), recipe, high)
+    if norm == "rmsnorm":
+        gain = module.param("ln_gain", nn.initializers.ones, (width,))
+        return layers.switch(flag, lambda rc: layers.rms_norm(z, gain, rc), recipe, high)
+    if norm == "layernorm_noaffine":
+        return layers.switch(flag, lambda rc: layers.layer_norm(z, None, None, rc), recipe, high)
+    raise ValueError(f"unknown norm {norm!r}; valid: {', '.join(NORMS)}")
+
+
+class Block(nn.Module):
+    """One residual block ``x + fc2(act(fc1(norm(x))))`` (block ``index`` of ``depth``)."""
+
+    width: int
+    act: str
+    norm: str
+    init_scheme: str
+    init_gain: float
+    recipe: Recipe
+    index: int = 0
+    depth: int = 1
+    high_recipe: Recipe | None = None
+
+    @nn.compact
+    def __call__(self, x, key=None, promote=None):
+        d, h = self.width, hidden_width(self.width, self.act)
+        fc1_out = fc1_width(h, self.act)
+        r, hi = self.recipe, self.high_recipe
+        z = normalize(self, self.norm, x, d, _flag(promote, 0), r, hi)
+        w1 = self.param("fc1", _kernel_init(self.init_scheme, self.init_gain), (d, fc1_out))
+        w2 = self.param("fc2", _kernel_init(self.init_scheme, self.init_gain), (h, d))
+        b2 = self.param("fc2_bias", _bias_init(self.init_scheme, h), (d,))
+        r1 = r.for_layer(*layer_names(self.index, self.depth, "fc1"))
+        r2 = r.for_layer(*layer_names(self.index, self.depth, "fc2"))
+        gemm = _flag(promote, 1)
+        self.sow("intermediates", "fc1_in", z)
+        # the activation belongs to the GEMM unit: promoted, it runs in the high precision too
+        a = layers.switch(gemm, lambda rc: layers.activation(self.act, layers.mx_dense(z, w1, None, rc, _fold(key, 0)),
+                                                             hi if rc is hi else r), r1, hi)
+        self.sow("intermediates", "fc2_in", a)
+        return x + layers.switch(gemm, lambda rc: layers.mx_dense(a, w2, b2, rc, _fold(key, 1)), r2, hi)
+
+
+class Student(nn.Module):
+    """Residual MLP student; params ``block_{i}/{ln_gain, ln_bias, fc1, fc2, fc2_bias}``
+    (``ln_gain`` only with ``norm="rmsnorm"``; neither with ``"layernorm_noaffine"`` or ``"none"``).
+
+    ``high_recipe``: the precision a promoted unit switches to (see the module
+    docstring); ``None`` when no controller runs."""
+
+    width: int
+    depth: int
+    act: str = "gelu"
+    norm: str = "layernorm"
+    init_scheme: str = "pytorch"
+    init_gain: float = 0.5
+    recipe: Recipe = PRESETS["fp32"]
+    high_recipe: Recipe | None = None
+
+    @nn.compact
+    def __call__(self, x, key=None, promote=None):
+        for i in range(self.depth):
+            x = Block(self.width, self.act, self.norm, self.init_scheme, self.init_gain, self.recipe, i, self.depth,
+                      self.high_recipe, name=f"block_{i}")(x, _fold(key, i), None if promote is None else promote[i])
+        return x
+
+
+class Teacher(nn.Module):
+    """Frozen MLP teacher: ``depth`` × (Linear(d, h) → act → Linear(h, d)), no bias."""
+
+    width: int
+    hidden: int
+    depth: int
+    act: str = "gelu"
+
+    @nn.compact
+    def __call__(self, x):
+        fp32 = PRESETS["fp32"]
+        fc1_out = fc1_width(self.hidden, self.act)
+        for i in range(self.depth):
+            w1 = self.param(f"fc1_{i}", _kernel_init("pytorch", 1.0), (self.width, fc1_out))
+            w2 = self.param(f"fc2_{i}", _kernel_init("pytorch", 1.0), (self.hidden, self.width))
+            x = layers.activation(self.act, jnp.dot(x, w1, precision="highest"), fp32)
+            x = jnp.dot(x, w2, precision="highest")
+        return x

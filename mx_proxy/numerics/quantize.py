@@ -1,0 +1,437 @@
+"""MX block quantization: the OCP Microscaling grid, emulated exactly.
+
+``quantize(x, spec, axis)`` returns float32 values on the MX grid: blocks of
+``spec.block_size`` consecutive elements along ``axis`` share one power-of-two
+scale 2**e (stored in hardware as E8M0), and each element is rounded to the
+element format after division by that scale.
+
+This module holds the what (:class:`MXSpec`, :class:`QuantStats`) and the
+entry points (:func:`quantize`, :func:`quantize_stats`); the how is the bit
+arithmetic of :mod:`mx_proxy.numerics.mx`, written once and shared with the Pallas
+kernels in ``mx_proxy/pallas/``:
+
+* scale choice (block amax, the exponent per rule, saturation bounds):
+  :mod:`mx_proxy.numerics.mx.block_scale`;
+* element rounding and codes: :mod:`mx_proxy.numerics.mx.element`;
+* 1-D blocks and 2-D tiles: :mod:`mx_proxy.numerics.mx.layout`;
+* NVFP4 (E4M3 block scales and a float32 tensor scale): :mod:`mx_proxy.numerics.mx.nvfp4`;
+* float32 bit patterns: :mod:`mx_proxy.numerics.mx.bits`.
+
+It works on the IEEE-754 bit patterns of float32 with integer arithmetic.
+That makes it exact where float arithmetic is not: XLA on CPU flushes float32
+subnormals to zero, and cannot compile casts to the FP6 types. Every step has
+a float64 twin in :mod:`mx_proxy.numerics.reference`, which the tests compare bit for bit.
+
+Semantics (OCP MX v1.0 and the reference library, see REFERENCE_NOTES):
+
+* scale rule ``"floor"``: ``e = floor(log2 amax) - emax``. With E4M3 the scaled
+  block maximum lies in [256, 512) and every scaled value above 448 saturates:
+  tightly clustered blocks collapse onto one code.
+* scale rule ``"rceil"``: the smallest e with ``amax / 2**e <= max_normal``
+  (NVIDIA Transformer Engine, cuBLAS, ``jax.nn.scaled_matmul``; the paper's
+  "bump the shared exponent"). It never saturates.
+* ``e`` is clamped below at -127 (so an all-zero block gets the smallest
+  scale); above 127 the E8M0 scale is NaN and so is the whole block; a NaN or
+  Inf anywhere in a block makes the whole block NaN.
+* rounding ``"even"`` (ties to even, what hardware and ml_dtypes casts do),
+  ``"away"`` (ties away from zero, the reference library's default) or
+  ``"stochastic"``: with 32 random bits r per element (``jax.random.bits(key,
+  x.shape)``), round up in magnitude iff ``frac + r / 2**32 >= 1``, where frac
+  is the fractional part of |x| in units of the grid step. Unbiased up to
+  2**-32 of a step.
+* Values beyond ``max_normal`` saturate to it; element subnormals are kept.
+* A length that is not a multiple of the block size is zero-padded to whole
+  blocks and cut back (zeros never change a block's amax).
+
+2-D tiles (``MXSpec(block_dims=2)``): one scale per ``block_size x
+block_size`` square tile over the LAST TWO axes (rank >= 2; leading axes are
+batch axes), everything else as above, per tile. ``axis`` is then ignored
+(any valid axis is accepted). The tiling is symmetric, so for deterministic
+roundings ``quantize(w.T) == quantize(w).T`` exactly: a weight quantized once
+serves both the forward GEMM and its transpose in the backward pass. Ragged
+shapes are zero-padded on both axes to whole tiles and cut back.
+
+NVFP4 (``MXSpec(scale_format="e4m3")``, e.g. :data:`NVFP4`): element
+``fp4_e2m1`` only; each block (16 elements in :data:`NVFP4` -- MXSpec's own
+default block_size stays 32 -- or a 16x16 tile in :data:`NVFP4_2D`) has an FP8
+E4M3 scale (not a power of two), and the whole array one float32 decode
+scale derived from its amax, in NVIDIA Transformer Engine's order of float32
+operations (the recipe, its exactness and special cases:
+:mod:`mx_proxy.numerics.mx.nvfp4`). ``scale_rule`` is ``"amax"`` (the only rule; it is
+the default). Any NaN or Inf makes the WHOLE array NaN. JAX's own NVFP4
+quantizer (``jax.nn.get_scaled_dot_general_config("nvfp4", global_scale)``)
+takes the global scale from the caller; as XLA compiles it, it gives the same
+values when that scale is a power of two (see ``tests/test_nvfp4.py`` for
+where and why the two differ otherwise).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mx_proxy.numerics import formats as _formats
+from mx_proxy.numerics.formats import ElementFormat
+from mx_proxy.numerics.mx import bits as B
+from mx_proxy.numerics.mx import nvfp4 as _nv
+from mx_proxy.numerics.mx.block_scale import (NAN_SCALE_EXP, PER_ELEMENT_RULES, SCALE_EXP_MAX, SCALE_EXP_MIN,
+                                              SCALE_RULES, block_amax, block_quantities, lookup_block_quantities,
+                                              paper_bump)
+from mx_proxy.numerics.mx.element import ROUNDINGS, quantize_magnitudes
+from mx_proxy.numerics.mx.layout import Layout, block_view, normalize_axis, pad_blocks, split_blocks, unblock
+from mx_proxy.numerics.mx.nvfp4 import E2M1_MAX, E4M3_MAX, ZERO_SCALE_EXP
+
+__all__ = ["MXSpec", "QuantStats", "quantize", "quantize_stats", "NVFP4", "NVFP4_2D", "SCALE_RULES",
+           "E4M3_SCALE_RULES", "SCALE_FORMATS", "BLOCK_DIMS", "ROUNDINGS", "E4M3_ELEMENTS", "SCALE_EXP_MIN",
+           "SCALE_EXP_MAX", "NAN_SCALE_EXP", "ZERO_SCALE_EXP", "E4M3_MAX", "E2M1_MAX"]
+
+E4M3_SCALE_RULES = ("amax",)  # E4M3 (NVFP4) block scales: block amax / 6, see mx_proxy.numerics.mx.nvfp4
+SCALE_FORMATS = ("e8m0", "e4m3")
+BLOCK_DIMS = (1, 2)
+E4M3_ELEMENTS = ("fp4_e2m1",)  # element formats with E4M3 scales (NVFP4)
+
+
+@dataclasses.dataclass(frozen=True)
+class MXSpec:
+    """How one tensor is block-quantized (frozen, hashable, validated).
+
+    Attributes:
+      element: element format (an :class:`ElementFormat` or its name).
+      block_size: elements per shared scale along the block axis (OCP: 32;
+        NVFP4: 16); with ``block_dims=2`` the side of the square tile.
+      scale_rule: E8M0 scales: ``"floor"`` (OCP v1.0), ``"rceil"`` (round the
+        scale up so nothing saturates) or ``"paper_bump"`` (the authors'
+        exponent bump, E4M3 1-D blocks only; see :mod:`mx_proxy.numerics.mx.block_scale`). E4M3 scales: ``"amax"`` (the NVFP4
+        recipe; the only one). ``None`` (the default) picks ``"floor"`` for
+        E8M0 and ``"amax"`` for E4M3; the stored value is always the resolved one.
+      rounding: ``"even"``, ``"away"`` or ``"stochastic"`` (needs a PRNG key);
+        of the elements only (E4M3 block scales always round to nearest even).
+      block_dims: 1 (blocks along the ``axis`` of :func:`quantize`) or 2
+        (``block_size x block_size`` tiles over the last two axes, ``axis``
+        ignored).
+      scale_format: ``"e8m0"`` (OCP MX: power-of-two block scales) or
+        ``"e4m3"`` (NVFP4: FP8 E4M3 block scales times one float32 scale per
+        tensor; element ``fp4_e2m1`` only). See the module docstring.
+    """
+
+    element: ElementFormat | str
+    block_size: int = 32
+    scale_rule: str | None = None
+    rounding: str = "even"
+    block_dims: int = 1
+    scale_format: str = "e8m0"
+
+    def __post_init__(self):
+        object.__setattr__(self, "element", _formats.get(self.element))
+        if self.element.is_vector:
+            raise ValueError(
+                f"MXSpec element must be an MX element format, not {self.element.name!r}; "
+                f"valid: {', '.join(n for n in _formats.names() if not _formats.get(n).is_vector)}"
+            )
+        bs = self.block_size
+        if isinstance(bs, bool) or not isinstance(bs, (int, np.integer)) or bs <= 0:
+            raise ValueError(f"block_size must be a positive integer, got {bs!r}")
+        object.__setattr__(self, "block_size", int(bs))
+        if self.scale_format not in SCALE_FORMATS:
+            raise ValueError(f"unknown scale_format {self.scale_format!r}; valid: {', '.join(SCALE_FORMATS)}")
+        bd = self.block_dims
+        if isinstance(bd, bool) or not isinstance(bd, (int, np.integer)) or bd not in BLOCK_DIMS:
+            raise ValueError(f"block_dims must be one of {', '.join(map(str, BLOCK_DIMS))} (1: blocks along an "
+                             f"axis, 2: square tiles over the last two axes), got {bd!r}")
+        object.__setattr__(self, "block_dims", int(bd))
+        rules = SCALE_RULES if self.scale_format == "e8m0" else E4M3_SCALE_RULES
+        if self.scale_rule is None:
+            object.__setattr__(self, "scale_rule", rules[0])
+        if self.scale_rule not in rules:
+            raise ValueError(f"unknown scale_rule {self.scale_rule!r} for scale_format={self.scale_format!r}; "
+                             f"valid: {', '.join(rules)} (or None for {rules[0]!r})")
+        if self.scale_format == "e4m3" and self.element.name not in E4M3_ELEMENTS:
+            raise ValueError(f"scale_format='e4m3' (NVFP4) needs element {' or '.join(E4M3_ELEMENTS)}, "
+                             f"got {self.element.name!r}; for other elements use scale_format='e8m0'")
+        if self.scale_rule in PER_ELEMENT_RULES and (self.element.name != "fp8_e4m3" or self.block_dims != 1):
+            raise ValueError(f"scale_rule={self.scale_rule!r} is defined for fp8_e4m3 elements in 1-D blocks only "
+                             f"(as in the authors' code), got {self.element.name!r} with block_dims={self.block_dims}")
+        if self.rounding not in ROUNDINGS:
+            raise ValueError(f"unknown rounding {self.rounding!r}; valid: {', '.join(ROUNDINGS)}")
+
+    @property
+    def name(self) -> str:
+        """Short label, e.g. ``mxfp8_e4m3/32/floor/even``, ``mxfp4_e2m1/32x32/rceil/even``
+        (2-D tiles) or ``nvfp4_e2m1/16/amax/even`` (E4M3 scales)."""
+        prefix = "nv" if self.scale_format == "e4m3" else "mx"
+        tile = f"{self.block_size}x{self.block_size}" if self.block_dims == 2 else f"{self.block_size}"
+        return f"{prefix}{self.element.name}/{tile}/{self.scale_rule}/{self.rounding}"
+
+    def replace(self, **changes) -> "MXSpec":
+        return dataclasses.replace(self, **changes)
+
+
+NVFP4 = MXSpec("fp4_e2m1", block_size=16, scale_format="e4m3")
+"""NVIDIA NVFP4: E2M1 elements, 16-element blocks with E4M3 scales, one float32 scale per tensor."""
+NVFP4_2D = NVFP4.replace(block_dims=2)
+"""NVFP4 with 16x16 tiles (TE's recipe for weights)."""
+
+
+class QuantStats(NamedTuple):
+    """What one quantization did (the paper's overflow diagnostics).
+
+    Fractions are over the real (unpadded) elements, in [0, 1].
+
+    Attributes:
+      clamped_frac: scaled magnitude strictly above ``max_normal`` (saturated).
+      last_bin_frac: landed on the format's top code ``max_normal * 2**e``
+        (clamped or rounded there) -- the paper's "last bin".
+      flushed_frac: non-zero inputs that quantized to zero.
+      nan_frac: elements in blocks that became NaN (E4M3 scales: the whole
+        array is NaN or nothing is).
+      scale_exponent: int32 per-block exponents, shaped like the input with
+        the block axis replaced by its number of blocks; with 2-D tiles
+        ``(..., ceil(rows / bs), ceil(cols / bs))``. E8M0: e of the scale 2**e,
+        128 marks a NaN scale. E4M3: ``floor(log2(s * G))``, the binade of the
+        block's decoded scale (exact), 128 for a NaN array and
+        ``ZERO_SCALE_EXP`` (-256) for a zero block scale.
+      block_scale: float32 per-block scale, shaped like ``scale_exponent``:
+        2**e (E8M0) or the E4M3 value s; NaN for NaN blocks.
+      global_scale: float32 scalar decode scale per tensor: 1.0 for E8M0; G
+        for E4M3 (1.0 for an all-zero array, NaN for a NaN array), rounded to
+        float32 (exact for amax >= 2**-114).
+    """
+
+    clamped_frac: jax.Array
+    last_bin_frac: jax.Array
+    flushed_frac: jax.Array
+    nan_frac: jax.Array
+    scale_exponent: jax.Array
+    block_scale: jax.Array | None = None
+    global_scale: jax.Array | None = None
+
+
+# ----------------------------------------------------------------------------
+# the paths: 1-D E8M0 blocks (the fast path), 2-D E8M0 tiles, NVFP4
+
+
+def _quantize_blocks(xp, spec: MXSpec, axis: int, rbits):
+    """Core of the 1-D E8M0 path on ``xp``, padded to whole blocks along
+    ``axis`` (and ``rbits`` likewise, or None).
+
+    Returns the split view (block elements along ``axis + 1``) of the q bits
+    and |x| bits, and the :class:`mx_proxy.numerics.mx.block_scale.Block` quantities.
+
+    Performance (XLA:CPU): it compiles to three kinds of loops, the amax
+    reduction, one small gather per block quantity, and the element loop.
+    """
+    bs, fmt = spec.block_size, spec.element
+    blk = lookup_block_quantities(block_amax(B.b32(xp) & B.ABS, axis, bs), fmt, spec.scale_rule)
+    bits = B.b32(split_blocks(xp, axis, bs))
+    a = bits & B.ABS
+    if spec.scale_rule == "paper_bump":  # one exponent per element: the block's, bumped by its position
+        e = blk.e + paper_bump(a, axis)
+        blk = block_quantities(e, blk.nan | (e > SCALE_EXP_MAX), fmt)
+    rb = None if rbits is None else split_blocks(rbits, axis, bs)
+    return quantize_magnitudes(bits, a, blk, fmt, spec.rounding, rb), a, blk
+
+
+def _layout(spec: MXSpec, axis: int) -> Layout:
+    return Layout(spec.block_dims, axis, spec.block_size)
+
+
+def _quantize_e8m0_view(xv, spec: MXSpec, lay: Layout, rb):
+    """E8M0 scales on a view (2-D tiles): (q bits, |x| bits, Block)."""
+    bits = B.b32(xv)
+    a = bits & B.ABS
+    blk = lookup_block_quantities(jnp.max(a, axis=lay.red, keepdims=True), spec.element, spec.scale_rule)
+    return quantize_magnitudes(bits, a, blk, spec.element, spec.rounding, rb), a, blk
+
+
+def _prepare(x, spec: MXSpec, axis, key):
+    if not isinstance(spec, MXSpec):
+        raise ValueError(f"spec must be an MXSpec, got {type(spec).__name__}")
+    x = jnp.asarray(x)
+    if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)):
+        raise ValueError(f"quantize needs a real array, got dtype {x.dtype}")
+    x = x.astype(jnp.float32)
+    if x.ndim == 0:
+        raise ValueError("quantize needs an array of rank >= 1, got a scalar")
+    if spec.block_dims == 2 and x.ndim < 2:
+        raise ValueError(f"block_dims=2 tiles the last two axes and needs an array of rank >= 2, got shape "
+                         f"{tuple(x.shape)}; use block_dims=1 for vectors")
+    ax = normalize_axis(axis, x.ndim)
+    if spec.rounding == "stochastic" and key is None:
+        raise ValueError("rounding='stochastic' needs a PRNG key: quantize(x, spec, key=jax.random.key(0))")
+    return x, ax
+
+
+def _random_bits(key, shape):
+    """The 32 random bits per element that stochastic rounding consumes."""
+    return jax.random.bits(key, shape, jnp.uint32)
+
+
+def _is_fast_path(spec: MXSpec) -> bool:
+    return spec.block_dims == 1 and spec.scale_format == "e8m0"
+
+
+def _quantize_view(x, spec: MXSpec, axis: int, rbits):
+    """Every path but the 1-D E8M0 one: (layout, q bits on the view, details)."""
+    lay = _layout(spec, axis)
+    rb = None if rbits is None else lay.view(rbits)
+    if spec.scale_format == "e4m3":
+        nv = _nv.quantize_view(lay.view(x), lay.red, spec.rounding, rb)
+        return lay, nv.q, nv
+    q, a, blk = _quantize_e8m0_view(lay.view(x), spec, lay, rb)
+    return lay, q, (a, blk)
+
+
+# ----------------------------------------------------------------------------
+# entry points
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2))
+def _quantize_ste(x, spec, axis, rbits):
+    if not _is_fast_path(spec):
+        lay, q, _ = _quantize_view(x, spec, axis, rbits)
+        return lay.unview(B.f32(q), x.shape)
+    xp, pad = pad_blocks(x, axis, spec.block_size)
+    if rbits is not None:
+        rbits, _ = pad_blocks(rbits, axis, spec.block_size)
+    q, *_ = _quantize_blocks(xp, spec, axis, rbits)
+    return unblock(B.f32(q), axis, pad)
+
+
+@_quantize_ste.defjvp
+def _quantize_ste_jvp(spec, axis, primals, tangents):
+    x, rbits = primals
+    tx, _ = tangents
+    return _quantize_ste(x, spec, axis, rbits), tx  # straight-through estimator
+
+
+_EXACT_INT = 2 ** 24  # every integer of at most this magnitude is a float32
+
+
+def _exact_input(x):
+    """``x`` ready for the float32 bit arithmetic, never silently changed
+    beyond what the docstring of :func:`quantize` says: bool and integers
+    become float32 exactly, or are refused (a ValueError) when some value is
+    not a float32 (magnitude above 2**24) -- before JAX could wrap an int64
+    into int32; floats pass (float64 rounds to float32, to nearest even)."""
+    if isinstance(x, jax.core.Tracer):
+        dt = np.dtype(x.dtype)
+        if dt.kind in "iu" and dt.itemsize > 2:
+            raise ValueError(f"quantize of a traced {dt} array: its values cannot be checked to be exact in "
+                             f"float32 (|x| <= 2**24); cast it to float32 first")
+        return x
+    a = np.asarray(x)
+    if a.dtype.kind == "b":
+        return a.astype(np.float32)
+    if a.dtype.kind in "iu":
+        if a.size and (int(a.max()) > _EXACT_INT or int(a.min()) < -_EXACT_INT):
+            big = a.flat[int(np.argmax(np.abs(a.astype(np.float64))))]
+            raise ValueError(f"quantize of {a.dtype} values up to {big}: integers above 2**24 in magnitude are not "
+                             f"exact in float32 (the grid's input); scale them or cast to float32 yourself")
+        return a.astype(np.float32)
+    if not jnp.issubdtype(a.dtype, jnp.floating):
+        raise ValueError(f"quantize needs a real array, got dtype {a.dtype}")
+    return x
+
+
+def quantize(x, spec: MXSpec, axis: int = -1, key=None) -> jax.Array:
+    """Fake-quantize ``x`` onto the grid of ``spec`` (see the module docstring).
+
+    Args:
+      x: real array of any rank >= 1 (cast to float32); rank >= 2 for
+        ``block_dims=2``.
+      spec: :class:`MXSpec`.
+      axis: the block axis (the contraction axis of the GEMM it feeds). Ignored
+        with ``block_dims=2`` (tiles over the last two axes), but still checked.
+      key: PRNG key, required for ``rounding="stochastic"``; the random bits
+        are ``jax.random.bits(key, x.shape, uint32)``, one word per element.
+
+    Returns:
+      float32 array of ``x``'s shape: each value exactly representable as
+      element * 2**e (E8M0), or ``fl((element * s) * G)`` (E4M3, NVFP4).
+      Differentiable as the identity (straight-through).
+
+    Input dtypes: float32, float16 and bfloat16 are exact; float64 rounds to
+    float32 first (to nearest even); bool and integer arrays convert exactly,
+    and an integer beyond 2**24 in magnitude (not a float32) is a ValueError,
+    as is a traced integer array wider than 16 bits (its values cannot be
+    checked).
+    """
+    return _quantize_jit(_exact_input(x), spec, axis, key)
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "axis"))
+def _quantize_jit(x, spec: MXSpec, axis: int = -1, key=None) -> jax.Array:
+    x, ax = _prepare(x, spec, axis, key)
+    rbits = _random_bits(key, x.shape) if spec.rounding == "stochastic" else None
+    return _quantize_ste(x, spec, ax, rbits)
+
+
+def quantize_stats(x, spec: MXSpec, axis: int = -1, key=None) -> QuantStats:
+    """The overflow diagnostics of ``quantize(x, spec, axis, key)``.
+
+    Uses the same code path as :func:`quantize`, so the counts agree with
+    what it did. See :class:`QuantStats` (for E4M3 scales: clamped means
+    ``v > 6``, last bin ``q == 6``, flushed includes zero-scale blocks).
+    Input dtypes as :func:`quantize`.
+    """
+    return _quantize_stats_jit(_exact_input(x), spec, axis, key)
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "axis"))
+def _quantize_stats_jit(x, spec: MXSpec, axis: int = -1, key=None) -> QuantStats:
+    x, ax = _prepare(x, spec, axis, key)
+    rbits = _random_bits(key, x.shape) if spec.rounding == "stochastic" else None
+    n = max(int(np.prod(x.shape)), 1)
+
+    if spec.scale_format == "e4m3":
+        lay, _, nv = _quantize_view(x, spec, ax, rbits)
+        valid = lay.view(jnp.ones(x.shape, bool))
+        live = valid & ~nv.nan
+
+        def frac(mask):
+            return jnp.sum(mask, dtype=jnp.float32) / n
+
+        return QuantStats(
+            clamped_frac=frac(live & (nv.v > _nv.E2M1_MAX_BITS)),
+            last_bin_frac=frac(live & (nv.code == _nv.E2M1_MAX_BITS)),
+            flushed_frac=frac(live & (nv.a != 0) & (nv.code == 0)),
+            nan_frac=frac(valid & nv.nan),
+            scale_exponent=lay.squeeze(_nv.scale_exponent(nv)),
+            block_scale=lay.squeeze(jnp.where(nv.nan, jnp.float32(jnp.nan), B.f32(nv.s))),
+            global_scale=_nv.global_scale(nv),
+        )
+
+    if _is_fast_path(spec):
+        xp, _ = pad_blocks(x, ax, spec.block_size)
+        rbp = pad_blocks(rbits, ax, spec.block_size)[0] if rbits is not None else None
+        q, a, blk = _quantize_blocks(xp, spec, ax, rbp)
+        valid = block_view(jnp.ones(x.shape, bool), ax, spec.block_size)[0]
+        squeeze = functools.partial(jnp.squeeze, axis=ax + 1)
+    else:
+        lay, q, (a, blk) = _quantize_view(x, spec, ax, rbits)
+        valid = lay.view(jnp.ones(x.shape, bool))
+        squeeze = lay.squeeze
+    e, nan_block, sat = blk.e, blk.nan, blk.sat
+    finite = valid & ~nan_block
+    qa = q & B.ABS
+
+    def frac(mask):
+        return jnp.sum(mask & valid, dtype=jnp.float32) / n
+
+    if spec.scale_rule in PER_ELEMENT_RULES:  # report the block's own (floor) exponent
+        e, nan_block = jnp.min(e, axis=ax + 1, keepdims=True), jnp.all(nan_block, axis=ax + 1, keepdims=True)
+    e_out = squeeze(jnp.where(nan_block, NAN_SCALE_EXP, e))
+    return QuantStats(
+        clamped_frac=frac(finite & (a > sat)),
+        last_bin_frac=frac(finite & (qa == sat) & (sat != B.INF)),  # Inf is 2**128, not the top code
+        flushed_frac=frac(finite & (a != 0) & (qa == 0)),
+        nan_frac=frac(valid & nan_block),
+        scale_exponent=e_out,
+        block_scale=jnp.where(e_out == NAN_SCALE_EXP, jnp.float32(jnp.nan), B.pow2_f32(jnp.minimum(e_out, 127))),
+        global_scale=jnp.float32(1.0),
+    )

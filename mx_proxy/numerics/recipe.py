@@ -1,0 +1,449 @@
+"""Precision recipes: which tensor of a dense layer gets which MX format.
+
+A dense layer ``y = x @ W + b`` (W of shape (in, out)) runs three GEMMs. Each
+operand is quantized along that GEMM's contraction axis, as in the reference
+library's MX linear layer:
+
+=========  ======================  =============================  ================================
+GEMM       product                 operand A (block axis)         operand B (block axis)
+=========  ======================  =============================  ================================
+forward    y  = x @ W              ``fwd_x``: x along in-features  ``fwd_w``: W along in (axis 0)
+dgrad      dx = g @ Wᵀ             ``dgrad_g``: g along out        ``dgrad_w``: W along out (axis 1)
+wgrad      dW = xᵀ @ g             ``wgrad_x``: x along batch      ``wgrad_g``: g along batch
+=========  ======================  =============================  ================================
+
+An operand whose spec is ``None`` enters its GEMM in the vector precision.
+Non-GEMM ("vector") math -- GEMM inputs and outputs, bias, LayerNorm
+internals, activation functions, and their backward -- is rounded
+elementwise to ``vector`` precision (``"bf16"`` like the reference library,
+or ``"fp32"``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from typing import Callable, Iterable
+
+from mx_proxy.numerics.quantize import NVFP4, MXSpec
+
+__all__ = ["Recipe", "PRESETS", "get", "names", "VECTOR_PRECISIONS", "VECTOR_ROUNDINGS", "LN_PRECISIONS", "table",
+           "DOTS", "FAMILIES", "Mitigation", "MITIGATIONS", "mitigate"]
+
+VECTOR_PRECISIONS = ("fp32", "bf16")
+DOTS = ("f32", "bf16")  # how a GEMM of bf16-exact operands is computed (Recipe.dot, Config.dot)
+VECTOR_ROUNDINGS = ("even", "away")
+LN_PRECISIONS = ("vector", "fp32", "stats_fp32")
+_OPERANDS = ("fwd_x", "fwd_w", "dgrad_g", "dgrad_w", "wgrad_x", "wgrad_g")
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """A precision recipe (frozen, hashable: a static argument of ``jax.jit``).
+
+    Attributes:
+      name: label used in tables and plots.
+      fwd_x, fwd_w, dgrad_g, dgrad_w, wgrad_x, wgrad_g: the :class:`MXSpec` of
+        each GEMM operand (see the module table) or ``None``.
+      vector: precision of non-GEMM math, ``"bf16"`` or ``"fp32"``.
+      vector_rounding: how vector math rounds to ``vector`` precision:
+        ``"even"`` (ties to even, a hardware cast) or ``"away"`` (ties away
+        from zero: the reference library's ``round="nearest"``, which it
+        uses for its bf16 rounding too). Applies to every elementwise
+        rounding: GEMM inputs and outputs, bias, LayerNorm, activations and
+        their backward.
+      backward_precision: precision of the backward pass's vector math and
+        of its unquantized GEMM operands: ``"vector"`` (the same as the
+        forward) or ``"fp32"`` (the authors' forward-only mitigation: with
+        ``quantize_backprop=False`` the library runs the whole backward in
+        float32, on the unrounded saved inputs and weights).
+      ln_precision: LayerNorm math in ``"vector"`` precision, ``"fp32"``
+        (the principled "don't quantize LayerNorm" mitigation: LN in full
+        precision, forward and backward), or ``"stats_fp32"`` (what the
+        authors' ``dont_quantize_layernorm`` switch does: input, gain and
+        bias unrounded, mean and variance in float32, the rest of the
+        forward still rounded to ``vector``, the backward in float32).
+      train_ln_bias: ``False`` freezes the LayerNorm bias (zero gradient):
+        the authors' MX LayerNorm returns no bias gradient, so in their
+        low-precision runs the bias stays 0 while their FP32 run trains it.
+      ln_affine: if set, LayerNorm gain and bias are MX-quantized with this
+        spec in blocks along the feature axis (the mechanism the paper argues
+        for); ``None`` keeps them in vector precision (the reference library).
+      act_precision: activation-function math in ``"vector"`` precision or
+        ``"fp32"`` (the paper's "stop quantizing GELU" intervention).
+      backend: GEMM implementation, ``"xla"`` (quantize, then ``jnp.dot``) or
+        ``"pallas"`` (the fused kernels in ``mx_proxy/pallas/``).
+      dot: ``"f32"`` or ``"bf16"``: how a GEMM of two bf16-exact operands is
+        computed on the CPU (:func:`mx_proxy.nn.layers.mx_matmul`); set per run by
+        :attr:`mxp.Config.dot`.
+      overrides: ``((pattern, recipe), ...)``: dense layers whose name matches
+        ``pattern`` (an ``fnmatch`` glob over the names
+        ``block_{i}/fc{j}``, ``first/fc{j}`` for block 0 and ``last/fc{j}``
+        for the last block) run their GEMMs under that recipe instead: how a
+        recipe marks a sensitive GEMM (e.g. keeps it in MXFP8 inside an FP4
+        recipe). The first match wins; LayerNorm and activations always
+        follow the outer recipe.
+    """
+
+    name: str = "custom"
+    fwd_x: MXSpec | None = None
+    fwd_w: MXSpec | None = None
+    dgrad_g: MXSpec | None = None
+    dgrad_w: MXSpec | None = None
+    wgrad_x: MXSpec | None = None
+    wgrad_g: MXSpec | None = None
+    vector: str = "fp32"
+    ln_precision: str = "vector"
+    ln_affine: MXSpec | None = None
+    act_precision: str = "vector"
+    backend: str = "xla"
+    dot: str = "f32"
+    overrides: tuple[tuple[str, "Recipe"], ...] = ()
+    vector_rounding: str = "even"
+    backward_precision: str = "vector"
+    train_ln_bias: bool = True
+
+    def __post_init__(self):
+        for field in _OPERANDS + ("ln_affine",):
+            spec = getattr(self, field)
+            if spec is not None and not isinstance(spec, MXSpec):
+                raise ValueError(f"Recipe.{field} must be an MXSpec or None, got {spec!r}")
+        if self.vector not in VECTOR_PRECISIONS:
+            raise ValueError(f"unknown vector precision {self.vector!r}; valid: {', '.join(VECTOR_PRECISIONS)}")
+        if self.vector_rounding not in VECTOR_ROUNDINGS:
+            raise ValueError(f"unknown vector_rounding {self.vector_rounding!r}; valid: {', '.join(VECTOR_ROUNDINGS)}")
+        if self.ln_precision not in LN_PRECISIONS:
+            raise ValueError(f"unknown ln_precision {self.ln_precision!r}; valid: {', '.join(LN_PRECISIONS)}")
+        for field in ("act_precision", "backward_precision"):
+            if getattr(self, field) not in ("vector", "fp32"):
+                raise ValueError(f"unknown {field} {getattr(self, field)!r}; valid: vector, fp32")
+        if not isinstance(self.train_ln_bias, bool):
+            raise ValueError(f"Recipe.train_ln_bias must be True or False, got {self.train_ln_bias!r}")
+        if self.dot not in DOTS:
+            raise ValueError(f"unknown dot {self.dot!r}; valid: {', '.join(DOTS)}")
+        if self.backend not in ("xla", "pallas"):
+            raise ValueError(f"unknown backend {self.backend!r}; valid: xla, pallas")
+        if self.backend == "pallas":
+            stochastic = [f for f in _OPERANDS if getattr(self, f) is not None and getattr(self, f).rounding == "stochastic"]
+            if stochastic:
+                raise ValueError(f"backend 'pallas' supports roundings even and away; {', '.join(stochastic)} "
+                                 f"use stochastic rounding (valid with backend 'xla')")
+            special = [f for f in _OPERANDS if getattr(self, f) is not None
+                       and (getattr(self, f).block_dims != 1 or getattr(self, f).scale_format != "e8m0"
+                            or getattr(self, f).scale_rule == "paper_bump")]
+            if special:
+                raise ValueError(f"backend 'pallas' supports 1-D blocks with E8M0 floor/rceil scales; "
+                                 f"{', '.join(special)} use 2-D tiles, E4M3 (NVFP4) scales or the paper_bump rule "
+                                 f"(valid with backend 'xla')")
+        ov = self.overrides
+        if isinstance(ov, (str, bytes)) or not hasattr(ov, "__iter__"):
+            raise ValueError(f"Recipe.overrides must be a tuple of (pattern, Recipe) pairs, got {ov!r}")
+        ov = tuple(tuple(p) if isinstance(p, (list, tuple)) else p for p in ov)
+        for pair in ov:
+            if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)
+                    and isinstance(pair[1], Recipe)):
+                raise ValueError(f"Recipe.overrides entries must be (pattern, Recipe) pairs, got {pair!r}")
+            if pair[1].overrides:
+                raise ValueError(f"an override recipe cannot have overrides itself ({pair[1].name!r})")
+        object.__setattr__(self, "overrides", ov)
+
+    def replace(self, **changes) -> "Recipe":
+        """A variant (``dataclasses.replace``); the name is kept unless given."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def is_full_precision(self) -> bool:
+        """True when nothing is quantized or rounded below float32."""
+        return (
+            all(getattr(self, f) is None for f in _OPERANDS + ("ln_affine",))
+            and self.vector == "fp32"
+        )
+
+    @property
+    def backward_vector(self) -> str:
+        """The precision of the backward pass's vector math (``"bf16"``/``"fp32"``)."""
+        return "fp32" if self.backward_precision == "fp32" else self.vector
+
+    @property
+    def stochastic(self) -> bool:
+        """True when some GEMM operand (here or in an override) rounds stochastically."""
+        return any(getattr(r, f) is not None and getattr(r, f).rounding == "stochastic"
+                   for r in (self,) + tuple(o for _, o in self.overrides) for f in _OPERANDS)
+
+    def for_layer(self, *names: str) -> "Recipe":
+        """The recipe of one dense layer known by ``names`` (e.g.
+        ``("block_0/fc1", "first/fc1")``): the first override whose pattern
+        matches one of them, else this recipe."""
+        for pattern, recipe in self.overrides:
+            if any(fnmatch.fnmatchcase(n, pattern) for n in names):
+                return recipe
+        return self
+
+    @property
+    def quantizes_backward(self) -> bool:
+        return any(getattr(self, f) is not None for f in ("dgrad_g", "dgrad_w", "wgrad_x", "wgrad_g"))
+
+    @property
+    def weight_spec(self) -> MXSpec | None:
+        """The spec the weights see in the forward GEMM; the paper counts LN
+        clamping as if the gains were quantized with it."""
+        return self.fwd_w
+
+    def with_dot(self, dot: str) -> "Recipe":
+        """This recipe (and its overrides) with GEMM dot kind ``dot``."""
+        return dataclasses.replace(self, dot=dot, overrides=tuple((p, r.replace(dot=dot)) for p, r in self.overrides))
+
+    def map_specs(self, fn) -> "Recipe":
+        """Apply ``fn(spec) -> spec`` to every non-None MX spec (overrides' included)."""
+        changes = {f: fn(getattr(self, f)) for f in _OPERANDS + ("ln_affine",) if getattr(self, f) is not None}
+        if self.overrides:
+            changes["overrides"] = tuple((p, r.map_specs(fn)) for p, r in self.overrides)
+        return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Mitigation:
+    """A named change of a recipe: the paper's mitigations and in-situ
+    interventions, defined once. Presets such as ``forward_only`` are a
+    mitigation applied to ``mxfp8_e4m3``; ``mxp.intervene(run, t,
+    apply=name)`` applies one to the running recipe; notebooks list them."""
+
+    name: str
+    description: str
+    change: Callable[["Recipe"], "Recipe"] = dataclasses.field(repr=False, compare=False)
+
+    def __call__(self, recipe: "Recipe") -> "Recipe":
+        return self.change(recipe)
+
+
+def _rceil(r: Recipe) -> Recipe:
+    # NVFP4 (E4M3) block scales have their own rule and no exponent to bump
+    return r.map_specs(lambda s: s if s.scale_format != "e8m0" else s.replace(scale_rule="rceil"))
+
+
+def _paper_bump(r: Recipe) -> Recipe:
+    others = sorted({s.element.name for s in _specs(r) if s.scale_format == "e8m0" and s.element.name != "fp8_e4m3"})
+    if others:
+        raise ValueError(f"paper_bump is the authors' E4M3-only exponent bump; recipe {r.name!r} also has "
+                         f"{', '.join(others)} operands (use 'rceil' for a bump that works for every format)")
+    return r.map_specs(lambda s: s if s.scale_format != "e8m0" else s.replace(scale_rule="paper_bump"))
+
+
+def _specs(r: Recipe) -> list:
+    return [getattr(x, f) for x in (r,) + tuple(o for _, o in r.overrides) for f in _OPERANDS + ("ln_affine",)
+            if getattr(x, f) is not None]
+
+
+_BACKWARD = dict(dgrad_g=None, dgrad_w=None, wgrad_x=None, wgrad_g=None)
+
+MITIGATIONS: dict[str, Mitigation] = {m.name: m for m in (
+    Mitigation("fp32", "switch to full precision (everything float32)", lambda r: Recipe("fp32")),
+    Mitigation("ln_exempt", "stop quantizing LayerNorm: LN math in fp32, LN gain/bias not MX-quantized",
+               lambda r: r.replace(ln_precision="fp32", ln_affine=None)),
+    Mitigation("ln_affine_exempt", "only the LN gain and bias out of MX (in vector precision); every GEMM "
+               "operand and the LN math unchanged", lambda r: r.replace(ln_affine=None)),
+    Mitigation("rceil", "bump the shared exponent: round-up (rceil) scales everywhere, nothing clamps", _rceil),
+    Mitigation("bf16_activations", "activations, gradients and LN in bf16, forward and backward; weights keep "
+               "their MX spec", lambda r: r.replace(fwd_x=None, dgrad_g=None, wgrad_x=None, wgrad_g=None,
+                                                     ln_affine=None)),
+    Mitigation("forward_only", "quantize only the forward pass: backward GEMMs unquantized (in vector precision)",
+               lambda r: r.replace(**_BACKWARD)),
+    Mitigation("act_fp32", "activation-function (GELU) math in fp32", lambda r: r.replace(act_precision="fp32")),
+    Mitigation("bf16_weights", "weights (and LN gain/bias) in bf16 in every GEMM; activations and gradients keep MX",
+               lambda r: r.replace(fwd_w=None, dgrad_w=None, ln_affine=None)),
+    # the authors' code's own switches (student_teacher.py), for the paper_* recipes
+    Mitigation("paper_no_ln_quant", "the authors' dont_quantize_layernorm: LN input, gain and bias unrounded, mean "
+               "and variance in fp32, the rest of the LN forward in bf16, its backward in fp32",
+               lambda r: r.replace(ln_precision="stats_fp32")),
+    Mitigation("paper_forward_only", "the authors' dont_quantize_backprop: backward GEMMs unquantized and the whole "
+               "backward in fp32", lambda r: r.replace(**_BACKWARD, backward_precision="fp32")),
+    Mitigation("paper_bump", "the authors' bump_up_overflow_exponent (E4M3 only): each position of a block gets the "
+               "floor exponent + 1 where the maximum over the tensor's blocks at that position exceeds 1.75·2^k "
+               "(their maximum runs over the wrong axis; compare 'rceil')", _paper_bump),
+)}
+
+
+def mitigate(recipe: "Recipe | str", names: str | Iterable[str]) -> "Recipe":
+    """``recipe`` changed by the named mitigations (in order); the result's
+    name records them (``mxfp8_e4m3+ln_exempt``), except that ``fp32`` gives
+    the ``fp32`` preset itself.
+
+    Raises:
+      ValueError: an unknown name (listing the valid ones).
+    """
+    r = get(recipe)
+    for n in [names] if isinstance(names, str) else list(names):
+        if n not in MITIGATIONS:
+            raise ValueError(f"unknown mitigation {n!r}; valid: {', '.join(MITIGATIONS)}")
+        new = MITIGATIONS[n](r)
+        r = new if new == PRESETS["fp32"] else new.replace(name=f"{r.name}+{n}")
+    return r
+
+
+def _uniform(name: str, element: str, *, rule: str = "floor", rounding: str = "even",
+             ln_affine: bool = True, vector: str = "bf16") -> Recipe:
+    s = MXSpec(element, scale_rule=rule, rounding=rounding)
+    return Recipe(name, s, s, s, s, s, s, vector=vector, ln_affine=s if ln_affine else None)
+
+
+def _mixed(name: str, fwd: str, bwd: str, *, rounding: str = "even", ln_affine: bool = True) -> Recipe:
+    f = MXSpec(fwd, rounding=rounding)
+    b = MXSpec(bwd, rounding=rounding)
+    return Recipe(name, f, f, b, b, b, b, vector="bf16", ln_affine=f if ln_affine else None)
+
+
+def _two_d(name: str, element: str, *, grad_rounding: str = "even", tile: int = 32,
+           overrides: tuple = ()) -> Recipe:
+    """Truncation-free (rceil) 1-D blocks for activations and gradients, one
+    2-D tile spec shared by the forward and dgrad weight (seed 003's FP4
+    recipe); LN affine unquantized, bf16 vector math."""
+    act = MXSpec(element, scale_rule="rceil")
+    grad = act.replace(rounding=grad_rounding)
+    w = MXSpec(element, block_size=tile, scale_rule="rceil", block_dims=2)
+    return Recipe(name, act, w, grad, w, act, grad, vector="bf16", overrides=overrides)
+
+
+def _paper_code(name: str, fwd: str, dgrad_g: str, dgrad_w: str, wgrad_x: str, wgrad_g: str) -> Recipe:
+    """What the authors' released code computes (``olmo/synthetic/student_teacher.py``
+    with its fork of the MX library, ``round="nearest"``, ``bfloat=16``):
+    ties-away MX elements and bf16 vector math; LayerNorm gain and bias
+    rounded to bf16 but never MX-quantized (their clamping is only counted);
+    the LN bias never trained (their MX LayerNorm returns no bias gradient);
+    the student's GELU in exact float32 (bound before the MX ops are injected)."""
+    s = {f: MXSpec(f, rounding="away") for f in {fwd, dgrad_g, dgrad_w, wgrad_x, wgrad_g}}
+    return Recipe(name, s[fwd], s[fwd], s[dgrad_g], s[dgrad_w], s[wgrad_x], s[wgrad_g], vector="bf16",
+                  vector_rounding="away", act_precision="fp32", train_ln_bias=False)
+
+
+def _paper_family() -> list[Recipe]:
+    e4, e5, fp6 = "fp8_e4m3", "fp8_e5m2", "fp6_e2m3"
+    e4m3 = _paper_code("paper_e4m3", e4, e4, e4, e4, e4)
+    return [
+        e4m3,
+        # 'mx-mix': the wgrad GEMM's activation operand (a_elem_format_bp, never set)
+        # inherits the forward activation format, so it stays E4M3
+        _paper_code("paper_mix", e4, e5, e5, e4, e5),
+        _paper_code("paper_fp6", fp6, fp6, fp6, fp6, fp6),
+        MITIGATIONS["paper_forward_only"](e4m3).replace(name="paper_forward_only"),
+    ]
+
+
+def _beyond_the_paper() -> list[Recipe]:
+    mxfp8_2d = _two_d("mxfp8_2d", "fp8_e4m3")
+    sensitive = mxfp8_2d.replace(name="mxfp8_2d (sensitive GEMM)")
+    mxfp4_2d = _two_d("mxfp4_2d", "fp4_e2m1", grad_rounding="stochastic",
+                      overrides=(("first/fc1", sensitive), ("last/fc2", sensitive)))
+    nv = NVFP4
+    nvfp4 = Recipe("nvfp4", nv, nv, nv, nv, nv, nv, vector="bf16")
+    w2d, sr = nv.replace(block_dims=2), nv.replace(rounding="stochastic")
+    nvfp4_2d = Recipe("nvfp4_2d", nv, w2d, sr, w2d, nv, sr, vector="bf16")
+    return [mxfp8_2d, mxfp4_2d, nvfp4, nvfp4_2d]
+
+
+def _build_presets() -> dict[str, Recipe]:
+    e4m3 = _uniform("mxfp8_e4m3", "fp8_e4m3")
+    presets = [
+        Recipe("fp32"),
+        Recipe("bf16", vector="bf16"),
+        e4m3,
+        _uniform("mxfp8_e5m2", "fp8_e5m2"),
+        _mixed("mxfp8_mixed", "fp8_e4m3", "fp8_e5m2"),
+        _uniform("mxfp6_e2m3", "fp6_e2m3"),
+        _uniform("mxfp6_e3m2", "fp6_e3m2"),
+        _uniform("mxfp4", "fp4_e2m1"),
+        _uniform("mxint8", "int8"),
+        *(MITIGATIONS[n](e4m3).replace(name=n) for n in ("forward_only", "bf16_activations", "ln_exempt", "rceil")),
+        _mixed("reference_mixed", "fp8_e4m3", "fp8_e5m2", rounding="away", ln_affine=False).replace(
+            wgrad_x=MXSpec("fp8_e4m3", rounding="away"), vector_rounding="away"),
+        *_paper_family(),
+        *_beyond_the_paper(),
+    ]
+    return {r.name: r for r in presets}
+
+
+PRESETS: dict[str, Recipe] = _build_presets()
+
+# Which question each preset family answers (the README's recipe table groups them).
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "baselines": ("fp32", "bf16"),
+    "principled": ("mxfp8_e4m3", "mxfp8_e5m2", "mxfp8_mixed", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4", "mxint8",
+                   "forward_only", "bf16_activations", "ln_exempt", "rceil"),
+    "authors_code": ("reference_mixed", "paper_e4m3", "paper_mix", "paper_fp6", "paper_forward_only"),
+    "beyond": ("mxfp8_2d", "mxfp4_2d", "nvfp4", "nvfp4_2d"),
+}
+
+_DESCRIPTIONS = {
+    "fp32": "everything in float32: the skyline",
+    "bf16": "no MX; GEMM operands and all vector math rounded to bfloat16",
+    "mxfp8_e4m3": "all six GEMM operands MXFP8 E4M3; LN gain/bias MX E4M3; bf16 vector math",
+    "mxfp8_e5m2": "as mxfp8_e4m3 with E5M2 everywhere",
+    "mxfp8_mixed": "E4M3 forward (and LN affine), E5M2 backward: the paper's 'mx-mix'",
+    "mxfp6_e2m3": "as mxfp8_e4m3 with FP6 E2M3 everywhere",
+    "mxfp6_e3m2": "as mxfp8_e4m3 with FP6 E3M2 everywhere",
+    "mxfp4": "as mxfp8_e4m3 with FP4 E2M1 everywhere",
+    "mxint8": "as mxfp8_e4m3 with MXINT8 everywhere",
+    "forward_only": "mxfp8_e4m3 forward; backward GEMMs unquantized (bf16): paper mitigation",
+    "bf16_activations": "weights MXFP8 E4M3 in forward and dgrad; activations, gradients and LN in bf16: paper mitigation",
+    "ln_exempt": "mxfp8_e4m3 but LN math in fp32 and LN affine not quantized: paper mitigation",
+    "rceil": "mxfp8_e4m3 with the round-up ('bumped exponent') scale: never clamps",
+    "reference_mixed": "the reference library's Linear with its mx-mix specs, bit for bit: E4M3 forward, E5M2 for the "
+                       "gradient operands and the dgrad weight, the wgrad activation E4M3 (it inherits the forward "
+                       "format), ties away for MX elements and bf16 vector math; LN affine unquantized",
+    "paper_e4m3": "the authors' code, E4M3 on all six operands (their Fig. 4/7 run): ties away (MX and bf16), LN "
+                  "gain/bias bf16 and never MX-quantized, LN bias never trained, GELU exact fp32",
+    "paper_mix": "the authors' 'mx-mix': E4M3 forward, E5M2 for dgrad g, dgrad W and wgrad g, wgrad x E4M3; "
+                 "otherwise as paper_e4m3",
+    "paper_fp6": "the authors' FP6: E2M3 on all six operands; otherwise as paper_e4m3",
+    "paper_forward_only": "the authors' forward-only mitigation: paper_e4m3 forward, the whole backward in fp32 "
+                          "(no MX, no bf16)",
+    "mxfp8_2d": "E4M3 with rceil scales everywhere; weights in 32×32 tiles, so forward and dgrad see one quantized W; LN affine unquantized",
+    "mxfp4_2d": "seed 003's FP4 recipe: E2M1, rceil, 32×32 weight tiles, stochastic rounding of gradients; the sensitive GEMMs "
+                "(first/fc1, last/fc2) in mxfp8_2d; LN affine unquantized",
+    "nvfp4": "NVFP4: E2M1 in 16-element blocks with E4M3 block scales and a per-tensor FP32 scale, all six operands; LN affine unquantized",
+    "nvfp4_2d": "nvfp4 with 16×16 weight tiles and stochastic rounding of gradients (NVIDIA's NVFP4 training recipe, without the Hadamard transform)",
+}
+
+
+def names() -> tuple[str, ...]:
+    return tuple(PRESETS)
+
+
+def get(recipe: str | Recipe) -> Recipe:
+    """A preset by name (or a :class:`Recipe` passed through).
+
+    Raises:
+      ValueError: naming the unknown value and the valid presets.
+    """
+    if isinstance(recipe, Recipe):
+        return recipe
+    if isinstance(recipe, str) and recipe in PRESETS:
+        return PRESETS[recipe]
+    raise ValueError(f"unknown recipe {recipe!r}; valid: {', '.join(PRESETS)}")
+
+
+def table() -> str:
+    """A markdown table of every preset (the README embeds it)."""
+
+    def fmt(spec):
+        if spec is None:
+            return "–"
+        tile = f"/{spec.block_size}x{spec.block_size}" if spec.block_dims == 2 else ""
+        kind = "nvfp4" if spec.scale_format == "e4m3" else spec.element.name
+        return f"{kind}{tile}/{spec.scale_rule}/{spec.rounding}"
+
+    def vector(r):
+        v = r.vector + (f" ({r.vector_rounding})" if r.vector != "fp32" else "")
+        extra = [("LN fp32", r.ln_precision == "fp32"), ("LN stats fp32", r.ln_precision == "stats_fp32"),
+                 ("act fp32", r.act_precision == "fp32" and r.vector != "fp32"),
+                 ("backward fp32", r.backward_precision == "fp32" and r.vector != "fp32"),
+                 ("LN bias frozen", not r.train_ln_bias)]
+        return v + "".join(f"; {t}" for t, on in extra if on)
+
+    rows = ["| recipe | forward x, W | dgrad g, W | wgrad x, g | LN affine | vector math | what |",
+            "|---|---|---|---|---|---|---|"]
+    for n, r in PRESETS.items():
+        rows.append(
+            f"| `{n}` | {fmt(r.fwd_x)}, {fmt(r.fwd_w)} | {fmt(r.dgrad_g)}, {fmt(r.dgrad_w)} | "
+            f"{fmt(r.wgrad_x)}, {fmt(r.wgrad_g)} | {fmt(r.ln_affine)} | {vector(r)} | {_DESCRIPTIONS[n]} |"
+        )
+    return "\n".join(rows)

@@ -1,0 +1,50 @@
+"""Recipes to and from JSON: a preset by its name, anything else field by field."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mx_proxy.numerics.quantize import MXSpec
+from mx_proxy.numerics.recipe import _OPERANDS, PRESETS, Recipe, get
+
+__all__ = ["to_json", "from_json"]
+
+
+def _spec_to_json(spec: MXSpec | None):
+    if spec is None:
+        return None
+    out = {"element": spec.element.name}
+    for f in dataclasses.fields(spec):
+        if f.name != "element":
+            out[f.name] = getattr(spec, f.name)
+    return out
+
+
+def to_json(recipe: Recipe):
+    """The preset name if ``recipe`` is an unmodified preset, else a dict."""
+    if PRESETS.get(recipe.name) == recipe:
+        return recipe.name
+    out = {}
+    for f in dataclasses.fields(recipe):
+        v = getattr(recipe, f.name)
+        if f.name == "overrides":
+            if v:
+                out[f.name] = [[p, to_json(r)] for p, r in v]
+        else:
+            out[f.name] = _spec_to_json(v) if isinstance(v, MXSpec) or f.name in _OPERANDS + ("ln_affine",) else v
+    return out
+
+
+def from_json(obj) -> Recipe:
+    """Inverse of :func:`to_json`."""
+    if isinstance(obj, (str, Recipe)):
+        return get(obj)
+    if not isinstance(obj, dict):
+        raise ValueError(f"cannot read a recipe from {obj!r}")
+    kw = dict(obj)
+    for f in _OPERANDS + ("ln_affine",):
+        if kw.get(f) is not None:
+            kw[f] = MXSpec(**kw[f])
+    if "overrides" in kw:
+        kw["overrides"] = tuple((p, from_json(r)) for p, r in kw["overrides"])
+    return Recipe(**kw)

@@ -1,0 +1,444 @@
+"""One host loop for every run: ``train``, ``sweep`` (and ``mx_proxy.runner.interventions.intervene``).
+
+:func:`run_members` drives a *member axis*: members share one compiled
+program (their configs differ only in the engine's dynamic fields: learning
+rate, LR floor, noise, spike factor, seeds), their train states are stacked
+and the engine's pure ``segment`` and ``val_loss`` run ``jax.vmap``-ed over
+them. Per segment the loop records metrics, checkpoints the members that
+reach a checkpoint step, calls ``on_segment`` and stops a member that
+diverged (the engine has frozen it). ``train`` is that loop over one member,
+``sweep`` over the members of each program group, ``intervene`` over one
+member restored from a checkpoint. Paired members that differ only in recipe
+run as a twin group instead (:mod:`mx_proxy.training.twins`): one program trains their
+shared reference run once beside them, and each member's paired train state
+is sliced out of it for checkpoints and results.
+
+What members share is computed once: the teacher (unless ``teacher_seed``
+differs) and the batches (unless ``data_seed`` or ``noise`` does). With
+several JAX devices the member axis is sharded over them (padded to a
+multiple of the device count); across hosts, call
+``jax.distributed.initialize()`` in every process first. A stability
+controller's step is one ``lax.cond``, which ``vmap`` would turn into a
+select of both branches, so controller groups map their members with
+``lax.map`` instead. On CPU a member of a sweep reproduces its single run
+bit for bit (see :mod:`mx_proxy.training.engine` for the three details this takes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import shutil
+import time
+import warnings
+from typing import Callable
+
+import jax
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from mx_proxy.store import checkpoint as ckpt
+from mx_proxy.store import run_store as _store
+from mx_proxy.store.executables import CachedProgram
+from mx_proxy.training import memory as _memory
+from mx_proxy.training import twins as _twins
+from mx_proxy.training.config import Config
+from mx_proxy.training.engine import Dynamic, TrainState, compiler_options, dynamic_for, program_for, static_key
+from mx_proxy.training.result import Run, metrics_frame, segment_length
+from mx_proxy.training.sweeps import Sweep, members
+
+__all__ = ["train", "sweep", "load", "run_members", "init_state", "Member", "hooks", "notify"]
+
+# Called with the Config of every run or sweep member actually trained (not loaded from a store).
+hooks: list[Callable[[Config], None]] = []
+
+
+@dataclasses.dataclass
+class Member:
+    """One run on the member axis: its config, train state and teacher, its
+    checkpoint sink, the step it starts from, the metrics it already has (an
+    intervention's parent history, a resumed run's past) and its provenance."""
+
+    config: Config
+    state: TrainState
+    teacher: object
+    sink: ckpt.CheckpointSink
+    start: int = 0
+    frames: list = dataclasses.field(default_factory=list)
+    info: dict = dataclasses.field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- compiled pieces
+
+
+def _program(name: str, fn: Callable, key, static_argnames=()) -> CachedProgram:
+    opts = compiler_options(key if isinstance(key, Config) else key[0])
+    return CachedProgram(name, jax.jit(fn, static_argnames=static_argnames, compiler_options=opts), key, opts)
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled_init(key: Config):
+    return _program("init", program_for(key).init, key)
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled_single(key: Config):
+    """(segment, val_loss) of ``key``'s program for one member, without a
+    member axis: the program of a single run (a size-1 ``vmap`` would let XLA
+    fuse, and round, differently from the sweeps it must equal)."""
+    program = program_for(key)
+    return (_program("segment", program.segment, key, ("n",)), _program("val_loss", program.val_loss, key))
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_twins(keys: tuple[Config, ...]):
+    """(segment, val_loss) of a twin group (:class:`mx_proxy.training.twins.TwinProgram`)."""
+    program = _twins.TwinProgram(keys)
+    return (_program("twins_segment", program.segment, keys, ("n",)),
+            _program("twins_val_loss", program.val_loss, keys))
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(key: Config, dyn_axes: tuple, teacher_axis):
+    """(segment, val_loss) of ``key``'s program over a member axis."""
+    program = program_for(key)
+    axes = Dynamic(*dyn_axes)
+
+    def one_by_one(fn, state, dyn, teacher):
+        """``fn`` per member, one member after another (lax.map), each running
+        the single run's program."""
+        mapped = (state, Dynamic(*[v if ax == 0 else None for v, ax in zip(dyn, axes)]),
+                  teacher if teacher_axis == 0 else None)
+
+        def member(xs):
+            s, d, te = xs
+            d = Dynamic(*[v if ax == 0 else full for v, full, ax in zip(d, dyn, axes)])
+            return fn(s, d, te if teacher_axis == 0 else teacher)
+
+        return jax.lax.map(member, mapped)
+
+    def segment(state, dyn, teacher, start, *, n):
+        def one(s, d, te):
+            return program.segment(s, d, te, start, n=n)
+
+        if program.controller is None and key.dot != "bf16":
+            return jax.vmap(one, in_axes=(0, axes, teacher_axis))(state, dyn, teacher)
+        # vmap would turn a controller's cond into a select of both branches, and would hand YNNPACK
+        # (dot="bf16") batched GEMMs that sum in another order than a single run's
+        return one_by_one(one, state, dyn, teacher)
+
+    def val_loss(state, dyn, teacher):
+        if key.dot != "bf16":
+            return jax.vmap(program.val_loss, in_axes=(0, axes, teacher_axis))(state, dyn, teacher)
+        return one_by_one(program.val_loss, state, dyn, teacher)  # the same GEMMs as a single run's
+
+    group = (key, dyn_axes, teacher_axis)
+    return (_program("members_segment", segment, group, ("n",)), _program("members_val_loss", val_loss, group))
+
+
+def init_state(config: Config):
+    """(initial TrainState, teacher params) of ``config``."""
+    return _compiled_init(static_key(config))(dynamic_for(config))
+
+
+# --------------------------------------------------------------------------- the host loop
+
+
+def _stack(trees):
+    return jax.tree.map(lambda *a: np.stack([np.asarray(x) for x in a]), *trees)
+
+
+def _shardings(n_members: int, shard: bool):
+    devices = jax.devices()
+    if not shard or len(devices) < 2:
+        return None, n_members
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(devices), ("members",))
+    padded = math.ceil(n_members / len(devices)) * len(devices)
+    return (NamedSharding(mesh, PartitionSpec("members")), NamedSharding(mesh, PartitionSpec())), padded
+
+
+def _finish(member: Member, state: TrainState, frames, wall: float) -> Run:
+    metrics = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame({"step": []})
+    diverged_at = int(state.diverged_at) if bool(state.diverged) else None
+    if diverged_at is not None:
+        metrics = metrics[metrics["step"] <= diverged_at].reset_index(drop=True)
+    run = Run(member.config, metrics, diverged_at, jax.device_get(state.params), wall, dict(member.info))
+    if member.sink.directory is None:
+        run.checkpoints = member.sink.memory
+    return run
+
+
+def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True,
+                on_segment: Callable | None = None, twins: bool = False) -> list[Run]:
+    """Train the members of one program group from step ``start`` to the end
+    as one compiled program; see the module docstring. ``twins``: the
+    members are paired runs that differ only in recipe (:func:`mx_proxy.training.twins.shareable`)
+    and train beside one shared reference run.
+
+    ``on_segment(t, runs_so_far)`` is called after every segment with the
+    step reached and, per member, a :class:`Run` of its metrics so far
+    (parameters omitted): how a live view follows a run.
+    """
+    t0 = time.perf_counter()
+    c0 = group[0].config
+    M = len(group)
+    key = static_key(c0)
+    dyns = [dynamic_for(m.config) for m in group]
+    sh, padded = _shardings(M, shard and M > 1)
+    if twins:  # members differing only in recipe, one reference run: see mx_proxy.training.twins
+        state, dyn, teacher = _twins.twin_state([m.state for m in group]), dyns[0], group[0].teacher
+        seg2, val2 = _compiled_twins(tuple(static_key(m.config) for m in group))
+
+        def seg(state, dyn, teacher, start, n):
+            new, m = seg2(state, dyn, teacher, start, n=n)
+            return new, list(jax.device_get(m))
+
+        def val(state, dyn, teacher):
+            return np.asarray(val2(state, dyn, teacher))
+
+        def unstack(tree, i):
+            return _twins.member(tree, i)
+    elif M == 1:  # one member: the single-run program; the member axis lives on the host
+        state, dyn, teacher = group[0].state, dyns[0], group[0].teacher
+        seg1, val1 = _compiled_single(key)
+
+        def seg(state, dyn, teacher, start, n):
+            new, m = seg1(state, dyn, teacher, start, n=n)
+            return new, [jax.device_get(m)]
+
+        def val(state, dyn, teacher):
+            return np.asarray(val1(state.params, dyn, teacher))[None]
+
+        def unstack(tree, i):
+            return tree
+    else:
+        # batched dynamic fields: those that differ, and always lr (the engine's per-member batch copy keys on it)
+        batched = {f: f == "lr" or any(not np.array_equal(getattr(d, f), getattr(dyns[0], f)) for d in dyns)
+                   for f in Dynamic._fields}
+        share_teacher = not batched["teacher_key"]
+        dyn_axes = tuple(0 if batched[f] else None for f in Dynamic._fields)
+        teacher_axis = None if share_teacher else 0
+        pad = list(range(M)) + [M - 1] * (padded - M)
+
+        def member_axis(trees):
+            return _stack([trees[i] for i in pad])
+
+        state = member_axis([m.state for m in group])
+        dyn = Dynamic(*(member_axis([getattr(d, f) for d in dyns]) if batched[f] else getattr(dyns[0], f)
+                        for f in Dynamic._fields))
+        teacher = group[0].teacher if share_teacher else member_axis([m.teacher for m in group])
+        if sh is not None:
+            split, repl = sh
+            state = jax.device_put(state, split)
+            dyn = Dynamic(*(jax.device_put(v, split if batched[f] else repl) for f, v in zip(Dynamic._fields, dyn)))
+            teacher = jax.device_put(teacher, repl if share_teacher else split)
+        seg_members, val_params = _compiled(key, dyn_axes, teacher_axis)
+
+        def seg(state, dyn, teacher, start, n):
+            new, m = seg_members(state, dyn, teacher, start, n=n)
+            m = jax.device_get(m)
+            return new, [{k: v[i] for k, v in m.items()} for i in range(M)]
+
+        def val(state, dyn, teacher):
+            return np.asarray(val_params(state.params, dyn, teacher))
+
+        def unstack(tree, i):
+            return jax.tree.map(lambda a: a[i], tree)
+
+    frames = [list(m.frames) for m in group]
+    stopped = [bool(np.asarray(m.state.diverged)) for m in group]
+    ckpt_steps = set(c0.checkpoint_steps())
+    meta = {"code_version": _store.code_version()}
+    t = start
+    while t < c0.steps and not all(stopped):
+        n = segment_length(c0, t)
+        vals = val(state, dyn, teacher) if c0.val_every and t % c0.val_every == 0 else None
+        state, m = seg(state, dyn, teacher, np.int32(t), n=n)  # m: each member's metrics
+        active = [i for i in range(M) if not stopped[i]]
+        for i in active:
+            frame = metrics_frame(m[i], start=t)
+            frame["val_loss"] = np.nan
+            if vals is not None:
+                frame.loc[frame.index[0], "val_loss"] = float(vals[i])
+            frames[i].append(frame)
+        t += n
+        if bar is not None:
+            bar.update(n * len(active))
+        if t in ckpt_steps:
+            host = jax.device_get(state)
+            for i in active:
+                member = unstack(host, i)
+                group[i].sink.save(t, member, pd.concat(frames[i], ignore_index=True),
+                                   dict(meta, config_hash=group[i].config.hash(), parent=group[i].info.get("parent")))
+        diverged = np.asarray(state.diverged).reshape(-1)
+        for i in active:
+            stopped[i] = bool(diverged[i])
+        if on_segment is not None:
+            on_segment(t, [Run(g.config, pd.concat(f, ignore_index=True), None, info=dict(g.info))
+                           for g, f in zip(group, frames)])
+    host = jax.device_get(state)
+    wall = (time.perf_counter() - t0) / M
+    return [_finish(g, unstack(host, i), frames[i], wall) for i, g in enumerate(group)]
+
+
+# --------------------------------------------------------------------------- train / sweep / intervene
+
+
+def _check_config(config):
+    if not isinstance(config, Config):
+        raise ValueError(f"expected a mxp.Config, got {type(config).__name__}")
+
+
+def notify(config: Config):
+    """Call every hook with the config of a run that was actually trained."""
+    for h in list(hooks):
+        h(config)
+
+
+def _prepare_member(config: Config, st: "_store.Store | None", key: str, force: bool,
+                    at: int | None = None) -> Member:
+    """A fresh member of ``config``, resumed from its last checkpoint in the
+    store's training folder when there is one of this code and config (the
+    last one at or before step ``at`` when given)."""
+    state, teacher = init_state(config)
+    info = {"key": key}
+    if st is None:
+        return Member(config, state, teacher, ckpt.CheckpointSink(memory={}), info=info)
+    st.prepare(key, fresh=force)
+    sink = ckpt.CheckpointSink(st.checkpoint_dir(key))
+    done = [s for s in sink.steps() if s <= (config.steps if at is None else at)
+            and sink.meta(s).get("config_hash") == config.hash()]
+    frames, start = [], 0
+    for step in reversed(done):  # the newest checkpoint that restores; a damaged one is dropped
+        try:
+            state, past = sink.restore(step, ckpt.template(program_for(config), dynamic_for(config)))
+        except ckpt.CheckpointError as e:
+            warnings.warn(f"{e}; dropped, resuming from an earlier one", _store.StoreWarning, stacklevel=3)
+            shutil.rmtree(sink.directory / f"step_{step:09d}", ignore_errors=True)
+            continue
+        frames = [past] if past is not None and len(past) else []
+        info["resumed_from"] = start = step
+        break
+    return Member(config, state, teacher, sink, start, frames, info)
+
+
+def train(config: Config, *, store=None, force: bool = False, progress: bool = True,
+          on_segment: Callable | None = None) -> Run:
+    """Train the student of ``config`` from its seed; returns a :class:`Run`.
+
+    Never raises on divergence: a NaN/Inf or spiking loss stops the run
+    cleanly with ``diverged_at`` set and everything before it kept.
+
+    ``store``: a run-store folder (see :mod:`mx_proxy.store.run_store`) or ``None`` (the
+    default: memory only, nothing written). With a store, a config already
+    stored there is loaded instead of trained (``force=True`` retrains), and
+    a run interrupted after a checkpoint resumes from it. ``on_segment``: see
+    :func:`run_members`.
+    """
+    _check_config(config)
+    st = _store.resolve(store)
+    key = config.hash()
+    if st is not None:
+        st.check_writable(key)
+        st.clean()
+        if not force:
+            run = st.load(key)
+            if run is not None:
+                return run
+    _memory.check(config)
+    member = _prepare_member(config, st, key, force)
+    with tqdm(total=config.steps, initial=member.start, disable=not progress, desc=config.recipe.name, unit="step",
+              leave=False) as bar:
+        (run,) = run_members([member], member.start, bar=bar, on_segment=on_segment)
+    notify(config)
+    return st.save(run, key) if st is not None else run
+
+
+def load(path) -> Run:
+    """A stored run from its folder (``<store>/<key>``), verified (see
+    :func:`mx_proxy.store.run_store.load_dir`: a damaged, incomplete or edited entry
+    raises a ValueError, a stale one warns)."""
+    return _store.load_dir(path)
+
+
+def _group_key(c: Config):
+    return static_key(c), c.steps, c.checkpoint_steps()
+
+
+def sweep(config: Config, *, store=None, force: bool = False, progress: bool = True, shard: bool = True,
+          group_size: int | None = None, **axes) -> Sweep:
+    """Train every combination of ``axes`` (Config fields → lists of values).
+
+    Members that differ only in dynamic fields (``lr``, ``lr_min``, ``noise``,
+    ``spike_factor``, ``seed``, ``data_seed``, ``teacher_seed``, the reference
+    seeds) run as one vmapped, compiled program; other axes loop over such
+    groups. Paired members (``paired_run=True``) that differ only in
+    ``recipe`` train as one program beside one shared reference run
+    (:mod:`mx_proxy.training.twins`): k recipes cost 1 + k runs, not 2k, with the same
+    results bit for bit. With a ``store``, members already there are loaded (a damaged,
+    edited or stale member alone is retrained) and each finished group is
+    saved before the next starts. ``shard``: split the member axis over all
+    JAX devices when there are several. ``group_size`` caps members per
+    compiled call (memory).
+
+    Raises:
+      ValueError: an unknown axis (naming the valid fields), an axis with no
+        values, or an invalid value (the Config's own message).
+    """
+    _check_config(config)
+    axes, configs = members(config, axes)
+    if group_size is not None and (not isinstance(group_size, int) or group_size < 1):
+        raise ValueError(f"group_size must be a positive integer or None, got {group_size!r}")
+    st = _store.resolve(store)
+    if st is not None:
+        st.check_writable()
+        st.clean()
+    keys = [c.hash() for c in configs]
+    results: dict[str, Run] = {}
+    if st is not None and not force:
+        for k in dict.fromkeys(keys):
+            r = st.load(k)
+            if r is not None:
+                results[k] = r
+    todo = {k: c for k, c in zip(keys, configs) if k not in results}
+    twin_sets: dict = {}  # paired members that differ only in recipe share one reference run
+    for k, c in todo.items():
+        twin_sets.setdefault(c.replace(recipe="fp32"), []).append(k)
+    twin_chunks = [ks for ks in twin_sets.values() if _twins.shareable([todo[k] for k in ks])]
+    shared = {k for ks in twin_chunks for k in ks}
+    groups: dict = {}
+    for k, c in todo.items():
+        if k not in shared:
+            groups.setdefault(_group_key(c), []).append(k)
+    chunks = [(ks, True) for ks in twin_chunks]
+    for ks in groups.values():
+        size = group_size or len(ks)
+        chunks += [(ks[i:i + size], False) for i in range(0, len(ks), size)]
+    for ks, _ in chunks:
+        _memory.check(todo[ks[0]], members=len(ks))
+    total = sum(c.steps for c in todo.values())
+    with tqdm(total=total, disable=not progress or not total, desc=f"sweep ({len(todo)} to train)", unit="step",
+              leave=False) as bar:
+        for ks, twins in chunks:
+            group = [_prepare_member(todo[k], st, k, force) for k in ks]
+            if len({m.start for m in group}) > 1:  # resumed from different checkpoints: from the earliest
+                at = min(m.start for m in group)
+                group = [_prepare_member(todo[k], st, k, force, at=at) for k in ks]
+            runs = run_members(group, group[0].start, bar=bar, shard=shard, twins=twins)
+            failed = []
+            for k, run in zip(ks, runs):
+                notify(run.config)
+                run.info["sweep_group_size"] = len(ks)
+                if twins:
+                    run.info["shared_reference"] = len(ks)
+                try:
+                    results[k] = st.save(run, k) if st is not None else run
+                except _store.SaveError as e:  # save the group's other members all the same
+                    failed.append(e)
+            if failed:
+                raise _store.SaveError("; ".join(str(e) for e in failed), failed[0].run, failed[0].kept)
+    return Sweep(config, axes, configs, [results[k] for k in keys])

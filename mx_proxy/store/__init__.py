@@ -1,0 +1,2 @@
+"""Storage: the verified, atomic run store, orbax checkpoints, compiled programs kept on disk.
+"""

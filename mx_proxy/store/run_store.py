@@ -1,0 +1,354 @@
+"""The run store: every finished run in a folder keyed by a hash of its config.
+
+Layout of ``<root>/<key>/`` (``key`` = :meth:`mxp.Config.hash` for a run
+trained from scratch; an intervention's key hashes its config, parent and
+step, see :func:`entry_key`):
+
+- ``config.json`` — the full config (``Config.to_dict``);
+- ``metrics.parquet`` — ``Run.metrics``, one row per step;
+- ``params.npz`` — final student parameters (``block_0/fc1`` … keys);
+- ``checkpoints/`` — orbax checkpoints (see :mod:`mx_proxy.store.checkpoint`);
+- ``run.json`` — diverged_at, wall time, provenance and the code version (a
+  hash of the numerics modules' source), written last.
+
+A run trains in ``<root>/<key>.partial-<pid>@<host>/``, a folder of the training
+process's own (its checkpoints land there), and is promoted to
+``<root>/<key>/`` only when complete, under a per-key file lock: an older
+entry (a stale one, made by other numerics code, or one being retrained with
+``force``) is kept until its replacement exists, and several processes
+training the same config into one store never crash or corrupt it (the first
+to finish wins; the others' identical results are dropped). A later process
+adopts the training folder of a killed one, so an interrupted run resumes
+from its last checkpoint.
+
+Loading verifies an entry (:func:`mx_proxy.store.files.read_entry`, the one
+reader of every file): its config must hash to its key (an edited
+``config.json`` is reported, not silently returned as the answer to another
+config), its files must parse and have their types and sizes (a truncated
+file, a ``run.json`` that is not an object, a metrics table short of rows, a
+missing ``params.npz`` are reported), and its code version must be this
+code's (a stale entry is retrained). Each problem is one
+:class:`StoreWarning` naming the file, and the run is trained again. Files are
+written atomically and fsync'ed; a save that fails anyway writes the run
+elsewhere and raises :class:`SaveError` saying where.
+
+Why Parquet (pyarrow) rather than NetCDF (xarray): the metrics are a flat
+table (step × named scalar columns, per-block values already split into
+``name/block_i`` columns), which is exactly Parquet's model; it keeps float32
+columns bit for bit, is compressed and columnar, is read natively by pandas,
+polars, DuckDB and Arrow, and pyarrow is a single wheel already required.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from mx_proxy.store import checkpoint as ckpt
+from mx_proxy.store import files
+from mx_proxy.training.config import Config
+from mx_proxy.training.result import Run
+from mx_proxy.version import __version__
+
+__all__ = ["Store", "StoreWarning", "SaveError", "resolve", "code_version", "entry_key", "load_dir"]
+
+# The modules whose code decides a run's numbers: a stored run made by other
+# code is stale and is trained again rather than loaded.
+_NUMERIC_MODULES = ("numerics/formats", "numerics/quantize", "numerics/recipe", "nn/layers", "nn/resmlp", "nn/ngpt",
+                    "nn/blocks", "nn/architectures", "training/data", "training/engine", "training/diagnostics",
+                    "training/controllers", "training/config")
+_NUMERIC_PACKAGES = ("numerics/mx",)
+_CODE = None
+
+
+class StoreWarning(UserWarning):
+    """A run-store entry that cannot be used as it is (damaged, edited or
+    stale); the run is trained again."""
+
+
+class SaveError(OSError):
+    """A trained run that could not be written into its store. ``run`` holds
+    it (in memory) and ``kept`` names the folder it was written to instead
+    (``None`` when that failed too)."""
+
+    def __init__(self, message, run: Run, kept: Path | None):
+        super().__init__(message)
+        self.run, self.kept = run, kept
+
+    def __str__(self):
+        return self.args[0]
+
+
+def code_version() -> str:
+    """A hash of the source of the modules that decide a run's numbers."""
+    global _CODE
+    if _CODE is None:
+        h = hashlib.sha256()
+        pkg = Path(__file__).resolve().parents[1]  # mx_proxy/
+        files = [pkg / f"{n}.py" for n in _NUMERIC_MODULES]
+        files += sorted(f for p in _NUMERIC_PACKAGES for f in (pkg / p).glob("*.py"))
+        for f in files:
+            if f.exists():
+                h.update(str(f.relative_to(pkg)).encode() + b"\0" + f.read_bytes())
+        _CODE = h.hexdigest()[:16]
+    return _CODE
+
+
+def entry_key(config: Config, parent: str | None = None, at_step: int | None = None) -> str:
+    """The store key of a run: its config hash, or for an intervention a hash
+    of (config, parent key, step)."""
+    if parent is None:
+        return config.hash()
+    blob = json.dumps({"config": config.to_dict(), "parent": parent, "at_step": int(at_step)}, sort_keys=True,
+                      default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def resolve(store) -> "Store | None":
+    """A :class:`Store` for ``store`` (a folder path or a Store), or ``None``
+    (keep results in memory) for ``None``/``False``."""
+    if store is None or store is False:
+        return None
+    if isinstance(store, Store):
+        return store
+    if isinstance(store, (str, os.PathLike)):
+        if not str(os.fspath(store)).strip():
+            raise ValueError("store must name a folder, got an empty path; pass store=None (or --store off) to "
+                             "keep results in memory")
+        return Store(store)
+    raise ValueError(f"store must be a folder path, an mx_proxy.store.run_store.Store, or None (memory only), got {store!r}")
+
+
+def _write_entry(d: Path, run: Run, meta: dict) -> None:
+    """Write the files of ``run`` into folder ``d``, each atomically and
+    durably, ``run.json`` last."""
+    d.mkdir(parents=True, exist_ok=True)
+    files.atomic_write(d / "config.json",
+                       lambda p: p.write_text(json.dumps(run.config.to_dict(), indent=1, sort_keys=True)))
+    files.atomic_write(d / "metrics.parquet", lambda p: run.metrics.to_parquet(p, index=False))
+
+    def write_params(p):
+        with open(p, "wb") as f:
+            np.savez(f, **files.flatten(run.params))
+    files.atomic_write(d / "params.npz", write_params)
+    files.atomic_write(d / "run.json", lambda p: p.write_text(json.dumps(meta, indent=1, sort_keys=True,
+                                                                         default=str)))
+
+
+class Store:
+    """A results folder; see the module docstring."""
+
+    def __init__(self, root):
+        self.root = Path(root).expanduser().resolve()
+
+    def __repr__(self):
+        return f"Store({str(self.root)!r})"
+
+    def path(self, key: str) -> Path:
+        return self.root / key
+
+    def partial(self, key: str) -> Path:
+        """Where this process trains the run of ``key`` until it is complete."""
+        return self.root / f"{key}.partial-{files.mark()}"
+
+    def checkpoint_dir(self, key: str) -> Path:
+        """Checkpoints of a run this process is training (``<key>.partial-<pid>@<host>/checkpoints``)."""
+        return self.partial(key) / "checkpoints"
+
+    def _orphans(self, key: str) -> list[Path]:
+        """Training folders of ``key`` left by processes that are gone."""
+        out = []
+        for p in self.root.glob(f"{key}.partial-*"):
+            if files.owner_gone(p.name.rsplit(".partial-", 1)[1]):  # a live process's, or another host's: not ours
+                out.append(p)
+        return out
+
+    def has(self, key: str) -> bool:
+        return (self.path(key) / "run.json").exists()
+
+    def keys(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if (p / "run.json").exists() and "." not in p.name)
+
+    def check_writable(self, key: str | None = None):
+        """Raise a ValueError naming the place at fault unless runs can be
+        written there: the folder, its ``.locks`` and, given a ``key``, the
+        entry's path (checked before any training, so no result is thrown away)."""
+        where = self.root
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            for where in [self.root, self.root / ".locks"]:
+                where.mkdir(exist_ok=True)
+                probe = where / ckpt.tmp_name("probe")
+                probe.write_text("")
+                probe.unlink()
+            if key is not None:
+                for where in (self.path(key), self.root / ".locks" / f"{key}.lock"):
+                    if where.exists() and where.is_dir() == where.name.endswith(".lock"):
+                        raise NotADirectoryError(0, "a file, not a folder" if where.is_file() else
+                                                 "a folder, not a lock file")
+        except OSError as e:
+            raise ValueError(f"run store {self.root} is not writable: {where} ({e.strerror or e}); pass another "
+                             f"folder, or store=None to keep results in memory") from None
+
+    def clean(self) -> list[Path]:
+        """Remove leftovers of killed writers in the store, its entries and
+        their checkpoint folders (see :func:`mx_proxy.store.checkpoint.clean`)."""
+        removed = ckpt.clean(self.root)
+        if self.root.is_dir():
+            for d in self.root.iterdir():
+                if d.is_dir():
+                    removed += ckpt.clean(d) + ckpt.clean(d / "checkpoints")
+            for d in self.root.glob("*.partial-*"):  # a killed run with no checkpoint holds nothing to resume
+                if d in self._orphans(d.name.rsplit(".partial-", 1)[0]) and not ckpt.steps(d / "checkpoints"):
+                    shutil.rmtree(d, ignore_errors=True)
+                    removed.append(d)
+        return removed
+
+    @contextlib.contextmanager
+    def _lock(self, key: str):
+        locks = self.root / ".locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        with open(locks / f"{key}.lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def prepare(self, key: str, *, fresh: bool) -> Path:
+        """This process's training folder of ``key``. Unless ``fresh`` (a
+        forced retrain), it adopts the folder of a killed process that trained
+        the same run (the one with the latest checkpoint), so the run resumes;
+        checkpoints made by other code are dropped."""
+        part = self.partial(key)
+        if fresh:
+            shutil.rmtree(part, ignore_errors=True)
+        elif not part.exists():
+            for orphan in sorted(self._orphans(key), key=lambda p: max(ckpt.steps(p / "checkpoints"), default=-1),
+                                 reverse=True):
+                try:
+                    os.rename(orphan, part)  # atomic: of two processes adopting it, one wins
+                    break
+                except OSError:
+                    continue
+        cdir = part / "checkpoints"
+        for step in ckpt.steps(cdir):
+            m = ckpt.meta(cdir, step)
+            if not m:
+                warnings.warn(f"checkpoint {cdir / f'step_{step:09d}'} is damaged (its meta.json does not parse); "
+                              f"dropped, resuming from an earlier one", StoreWarning, stacklevel=3)
+            if m.get("code_version") != code_version():
+                shutil.rmtree(cdir / f"step_{step:09d}", ignore_errors=True)
+        part.mkdir(parents=True, exist_ok=True)
+        return part
+
+    def save(self, run: Run, key: str) -> Run:
+        """Write ``run`` as the entry ``key`` (see the module docstring);
+        returns it with ``path`` and ``info["key"]`` set. If it cannot be
+        written (a full disk, a folder gone), it is written to a fresh folder
+        under the system's temporary folder instead and a :class:`SaveError`
+        says where (its ``run`` holds the result in memory)."""
+        part = self.partial(key)
+        info = dict(run.info, key=key)
+        meta = {"diverged_at": run.diverged_at, "wall_time_s": float(run.wall_time_s), "info": info,
+                "proxy_version": __version__, "code_version": code_version()}
+        try:
+            _write_entry(part, run, meta)
+            final = self._promote(key, part)
+        except OSError as e:
+            run.info = info
+            kept = None
+            try:
+                kept = Path(tempfile.mkdtemp(prefix=f"proxy-unsaved-{key}-"))
+                _write_entry(kept, run, meta)
+            except OSError:
+                kept = None
+            where = f"it is kept in {kept} (mxp.load that folder, or copy it into the store as {key}/)" \
+                if kept is not None else "it could not be written anywhere and is kept only in memory (SaveError.run)"
+            raise SaveError(f"could not save run {key} into {self.root} ({e.strerror or e}); {where}", run,
+                            kept) from e
+        run.info = info
+        run.path = str(final)
+        return run
+
+    def _promote(self, key: str, part: Path) -> Path:
+        final = self.path(key)
+        with self._lock(key):
+            if self._usable(key, quiet=True) is not None:  # another process finished it: keep theirs
+                shutil.rmtree(part, ignore_errors=True)
+            else:
+                old = None
+                if final.exists():
+                    old = self.root / ckpt.tmp_name(f"old-{key}")
+                    os.rename(final, old)
+                os.rename(part, final)
+                files.fsync_dir(self.root)
+                if old is not None:
+                    shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def load(self, key: str) -> Run | None:
+        """The stored run of ``key``, or ``None`` if there is no usable entry
+        (none, damaged, edited or stale: each of the last three is reported
+        with a :class:`StoreWarning`)."""
+        return self._usable(key, quiet=False)
+
+    def _usable(self, key: str, quiet: bool) -> Run | None:
+        d = self.path(key)
+        if not (d / "run.json").exists():
+            return None
+
+        def report(why):
+            if not quiet:
+                warnings.warn(f"run store entry {d}: {why}; training it again", StoreWarning, stacklevel=3)
+            return None
+
+        try:
+            meta = files.read_meta(d)
+            if meta["code_version"] != code_version():
+                return report("made by other numerics code (stale; kept until the new run replaces it)")
+            run = files.read_entry(d, meta)
+        except files.EntryError as e:
+            return report(f"damaged or incomplete: {e}")
+        expected = _expected_key(run)
+        if expected != key:
+            return report(f"its config.json hashes to {expected}, not to its key (edited?)")
+        return run
+
+
+def _expected_key(run: Run) -> str:
+    iv = run.info.get("intervention") or {}
+    if run.info.get("parent"):
+        return entry_key(run.config, run.info.get("parent"), iv.get("at_step"))
+    return run.config.hash()
+
+
+def load_dir(d) -> Run:
+    """Load a stored run from its folder (``<root>/<key>``), every file
+    verified. Raises a ValueError on a missing, damaged or incomplete entry
+    and on one whose ``config.json`` no longer hashes to its key (edited);
+    an entry made by other numerics code loads with a :class:`StoreWarning`
+    (its numbers are not this code's; ``intervene`` refuses to continue it)."""
+    d = Path(d).expanduser().resolve()
+    meta = files.read_meta(d)
+    run = files.read_entry(d, meta)
+    expected, recorded = _expected_key(run), run.info.get("key", d.name)
+    if expected != recorded:
+        raise files.EntryError(f"{d / 'config.json'} hashes to {expected}, not to the run's key {recorded} "
+                               f"(edited?); train that config instead")
+    if meta["code_version"] != code_version():
+        warnings.warn(f"run {d} was made by other numerics code (code version {meta['code_version']}, this code "
+                      f"is {code_version()}): its numbers may differ from this code's", StoreWarning, stacklevel=2)
+        run.info["stale"] = True
+    return run

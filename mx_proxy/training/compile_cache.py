@@ -1,0 +1,139 @@
+"""JAX's persistent compilation cache, on by default for proxy.
+
+Every changed setting of a run (another activation, norm, recipe, width…)
+is another XLA program, and on a small CPU compiling it costs more than
+training it. importing :mod:`mx_proxy.training` therefore calls
+:func:`enable`, which points
+JAX's persistent compilation cache at a user cache folder, so a program
+compiled once (in any process) is loaded from disk the next time.
+
+Where the cache lives, first match wins:
+
+1. ``enable(path)`` called with a folder;
+2. ``$PROXY_COMPILE_CACHE``: a folder path, or ``off`` (also ``0``,
+   ``false``, ``no``, ``none``) to leave JAX's configuration alone (JAX then
+   caches only if you configured it yourself, e.g. ``$JAX_COMPILATION_CACHE_DIR``);
+3. a folder already configured in JAX (``$JAX_COMPILATION_CACHE_DIR`` or
+   ``jax.config.update("jax_compilation_cache_dir", ...)`` before importing mx_proxy.training);
+4. ``$XDG_CACHE_HOME/proxy/jax``, else ``~/.cache/proxy/jax``.
+
+Every program is cached, however quick its compile
+(``jax_persistent_cache_min_compile_time_secs`` = 0,
+``jax_persistent_cache_min_entry_size_bytes`` = 0): a run compiles a
+handful of programs (init, one per segment shape, validation loss, clamp
+statistics), and below JAX's default one-second threshold the small ones
+would still be recompiled on every rerun. The cache is not size-capped
+(JAX's LRU eviction needs the ``filelock`` package); delete the folder to
+clear it. Entries are keyed by the program, the compile options, the JAX
+and XLA versions and the device, so a stale entry is never used. As JAX
+warns, a compilation cache is trusted code: do not share its folder with
+users you do not trust. :mod:`mx_proxy.store.executables` keeps a run's whole
+compiled programs in a subfolder, so that a rerun need not even trace them.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import jax
+
+__all__ = ["ENV", "OFF", "MIN_COMPILE_TIME_S", "MIN_ENTRY_SIZE_BYTES", "default_dir", "resolve", "enable", "active_dir",
+           "entries"]
+
+ENV = "PROXY_COMPILE_CACHE"
+OFF = ("off", "0", "false", "no", "none")
+MIN_COMPILE_TIME_S = 0.0  # cache every program, however quick to compile (JAX's default: 1 s)
+MIN_ENTRY_SIZE_BYTES = 0  # and however small
+
+
+def default_dir() -> Path:
+    """``$XDG_CACHE_HOME/proxy/jax``, else ``~/.cache/proxy/jax``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "proxy" / "jax"
+
+
+def _check_folder(path: Path, source: str) -> Path:
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"compilation cache {source} {str(path)!r} is a file, not a folder; valid: a folder path, "
+                         f"or {ENV}=off to turn the cache off")
+    return path
+
+
+def resolve(path: str | os.PathLike | None = None) -> Path | None:
+    """The folder :func:`enable` would use (see the module docstring for the
+    order), or ``None`` when ``$PROXY_COMPILE_CACHE`` turns the cache off.
+
+    Raises:
+      ValueError: ``path`` or ``$PROXY_COMPILE_CACHE`` names a file (or is
+        empty), naming the value and the valid choices.
+    """
+    if path is not None:
+        if not str(path).strip():
+            raise ValueError(f"compilation cache path must be a folder path, got {path!r}")
+        return _check_folder(Path(path).expanduser(), "path")
+    env = os.environ.get(ENV)
+    if env is not None:
+        if env.strip().lower() in OFF:
+            return None
+        if not env.strip():
+            raise ValueError(f"${ENV} is empty; valid: a folder path, or one of {', '.join(OFF)} to turn it off")
+        return _check_folder(Path(env).expanduser(), f"${ENV}")
+    configured = jax.config.jax_compilation_cache_dir
+    if configured:
+        return Path(configured)
+    return default_dir()
+
+
+def enable(path: str | os.PathLike | None = None) -> Path | None:
+    """Turn on JAX's persistent compilation cache in ``path`` (or the folder
+    :func:`resolve` picks) with thresholds that cache every program.
+
+    Returns the cache folder, or ``None`` when ``$PROXY_COMPILE_CACHE`` says
+    ``off`` (then JAX's configuration is left as it was). Safe to call again:
+    pointing it at another folder takes effect for the next compile. A
+    default folder that cannot be created only warns (and leaves the cache
+    off); a folder you named must work.
+
+    Raises:
+      ValueError: a bad ``path`` or ``$PROXY_COMPILE_CACHE`` (see :func:`resolve`).
+      OSError: a named folder that cannot be created.
+    """
+    folder = resolve(path)
+    if folder is None:
+        return None
+    named = path is not None or ENV in os.environ
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        if named:
+            raise
+        warnings.warn(f"proxy: cannot create the compilation cache folder {folder} ({err}); compiling without a "
+                      f"persistent cache. Set {ENV} to a writable folder, or to 'off'.", stacklevel=2)
+        return None
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
+    previous = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_TIME_S)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", MIN_ENTRY_SIZE_BYTES)
+    if previous and Path(previous) != folder:
+        cc.reset_cache()  # JAX opens its cache folder once; reopen it at the new place
+    return folder
+
+
+def active_dir() -> Path | None:
+    """The folder JAX caches compiled programs in now, or ``None``."""
+    d = jax.config.jax_compilation_cache_dir
+    return Path(d) if d and jax.config.jax_enable_compilation_cache else None
+
+
+def entries(folder: str | os.PathLike | None = None) -> tuple[int, int]:
+    """(number of cached programs, their total bytes) in ``folder`` (default:
+    :func:`active_dir`); (0, 0) for a missing folder or none."""
+    folder = Path(folder) if folder is not None else active_dir()
+    if folder is None or not folder.is_dir():
+        return 0, 0
+    files = [p for p in folder.iterdir() if p.is_file() and p.name.endswith("-cache")]
+    return len(files), sum(p.stat().st_size for p in files)

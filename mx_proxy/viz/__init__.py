@@ -1,0 +1,2 @@
+"""Figures: one function per figure (``plots``), the figures command's generator, the live explorer.
+"""

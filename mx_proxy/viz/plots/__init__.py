@@ -1,0 +1,25 @@
+"""One function per figure: results in, a labelled matplotlib Figure out.
+
+Colours are fixed per recipe (:func:`color`) so every figure reads alike.
+The figures sit by subject: the number formats (:mod:`.formats`), loss
+curves (:mod:`.training`), gradient bias and its mechanism
+(:mod:`.gradients`), seed 003's systems (:mod:`.beyond`).
+
+This package never chooses a matplotlib backend: in Jupyter the kernel's
+inline backend shows each figure; headless entry points (the ``mx-proxy``
+command, the tests) select Agg themselves.
+"""
+
+import matplotlib.pyplot as plt
+
+from mx_proxy.viz.plots.beyond import beyond
+from mx_proxy.viz.plots.formats import ln_collapse, sawtooth
+from mx_proxy.viz.plots.gradients import (gradient_bias, interventions, ln_clamping, ln_gains, mitigations,
+                                          paper_metric, reference_name)
+from mx_proxy.viz.plots.style import NORM_LABELS, color
+from mx_proxy.viz.plots.training import (ablations, init_ablation, loss_grid, lr_summary, lr_sweep, sgd_momentum,
+                                         spikes_vs_shape)
+
+__all__ = ["plt", "color", "NORM_LABELS", "sawtooth", "ln_collapse", "loss_grid", "lr_sweep", "lr_summary", "ablations",
+           "gradient_bias", "paper_metric", "ln_clamping", "ln_gains", "mitigations", "interventions", "spikes_vs_shape",
+           "sgd_momentum", "init_ablation", "beyond", "reference_name"]
