@@ -38,6 +38,7 @@ TRAIN = textwrap.dedent("""
     print("RESULT", json.dumps(dict(counts, dir=str(compile_cache.active_dir()), loss=run.final_loss,
                                     min_time=jax.config.jax_persistent_cache_min_compile_time_secs,
                                     min_size=jax.config.jax_persistent_cache_min_entry_size_bytes,
+                                    max_size=jax.config.jax_compilation_cache_max_size,
                                     loaded=executables.stats["loaded"], compiled=executables.stats["compiled"])))
 """)
 
@@ -97,6 +98,7 @@ def test_a_second_process_loads_every_program_from_the_cache(tmp_path):
     cache = tmp_path / "cache"
     first = _run(TRAIN, tmp_path, PROXY_COMPILE_CACHE=str(cache))
     assert first["dir"] == str(cache) and first["min_time"] == 0.0 and first["min_size"] == 0
+    assert first["max_size"] == compile_cache.MAX_SIZE_BYTES > 0  # a cap: JAX locks entries while it reads or writes
     n, size = compile_cache.entries(cache)
     assert first["hits"] == 0 and n >= 3 and size > 0  # init, segment and validation programs at least
     assert first["compiled"] == 3 and first["loaded"] == 0  # init, segment, validation

@@ -1,12 +1,12 @@
 """The live explorer, driven headless: controls → configs, a live training with FP32 alongside, the store."""
 
-import sys
 
 import numpy as np
 import pandas as pd
 import pytest
 
 import mx_proxy as mxp
+import mx_proxy.viz.explore as explore_module
 from mx_proxy.training.result import Run
 from mx_proxy.viz.explore import Explorer, train_live
 
@@ -117,7 +117,7 @@ def test_results_follow_the_latest_press_of_train(monkeypatch):
         on_update(config.steps, run)
         return run
 
-    monkeypatch.setattr(sys.modules["mxp.explore"], "train_live", fake_train_live)  # the module, not mxp.explore()
+    monkeypatch.setattr(explore_module, "train_live", fake_train_live)  # the module, not mxp.explore()
     panel = mxp.explore(**SMALL)
     assert panel.table().empty and "Nothing trained yet" in panel.conclusions()
     assert panel._repr_mimebundle_()["text/plain"].startswith("mxp.explore() panel")  # not VBox(children=...)

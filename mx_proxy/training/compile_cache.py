@@ -22,9 +22,11 @@ Every program is cached, however quick its compile
 ``jax_persistent_cache_min_entry_size_bytes`` = 0): a run compiles a
 handful of programs (init, one per segment shape, validation loss, clamp
 statistics), and below JAX's default one-second threshold the small ones
-would still be recompiled on every rerun. The cache is not size-capped
-(JAX's LRU eviction needs the ``filelock`` package); delete the folder to
-clear it. Entries are keyed by the program, the compile options, the JAX
+would still be recompiled on every rerun. The cache is capped at
+``MAX_SIZE_BYTES`` (16 GiB; JAX evicts the least recently used entries):
+the cap is what makes JAX lock each entry while it is read or written
+(``filelock``), so that processes sharing the folder never read a
+half-written entry; delete the folder to clear it. Entries are keyed by the program, the compile options, the JAX
 and XLA versions and the device, so a stale entry is never used. As JAX
 warns, a compilation cache is trusted code: do not share its folder with
 users you do not trust. :mod:`mx_proxy.store.executables` keeps a run's whole
@@ -46,6 +48,10 @@ ENV = "PROXY_COMPILE_CACHE"
 OFF = ("off", "0", "false", "no", "none")
 MIN_COMPILE_TIME_S = 0.0  # cache every program, however quick to compile (JAX's default: 1 s)
 MIN_ENTRY_SIZE_BYTES = 0  # and however small
+# A size cap turns on JAX's file lock around every cache read and write. Without one JAX writes an entry in
+# place, unlocked, and a process reading an entry that another is still writing (two pytest-xdist workers, the
+# figures command's worker processes) can crash deserializing the half-written file.
+MAX_SIZE_BYTES = 16 * 2 ** 30
 
 
 def default_dir() -> Path:
@@ -118,6 +124,7 @@ def enable(path: str | os.PathLike | None = None) -> Path | None:
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_TIME_S)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", MIN_ENTRY_SIZE_BYTES)
+    jax.config.update("jax_compilation_cache_max_size", MAX_SIZE_BYTES)
     if previous and Path(previous) != folder:
         cc.reset_cache()  # JAX opens its cache folder once; reopen it at the new place
     return folder
