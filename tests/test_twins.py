@@ -86,9 +86,9 @@ def test_shareable_needs_paired_runs_that_differ_only_in_recipe():
         twins.TwinProgram((a, b.replace(lr=1e-3)))
 
 
-def test_lr_sweep_of_paired_runs_still_vmaps():
+def test_lr_sweep_of_paired_runs_keeps_a_reference_each():
     """Members differing in LR cannot share a reference (its LR differs): they
-    stay one vmapped group, each with its own reference."""
+    stay one group of paired runs, each with its own reference."""
     sw = mxp.sweep(BASE.replace(steps=10, checkpoint_every=0, recipe="mxfp8_e4m3"), lr=[3e-4, 6e-4],
                      progress=False)
     assert [r.info.get("shared_reference") for r in sw.runs] == [None, None]

@@ -3,8 +3,9 @@
 :func:`run_members` drives a *member axis*: members share one compiled
 program (their configs differ only in the engine's dynamic fields: learning
 rate, LR floor, noise, spike factor, seeds), their train states are stacked
-and the engine's pure ``segment`` and ``val_loss`` run ``jax.vmap``-ed over
-them. Per segment the loop records metrics, checkpoints the members that
+and the engine's pure ``segment`` and ``val_loss`` run over them: one after
+another (``lax.map``) on a one-device CPU, ``jax.vmap``-ed on accelerators
+(see :func:`_compiled`). Per segment the loop records metrics, checkpoints the members that
 reach a checkpoint step, calls ``on_segment`` and stops a member that
 diverged (the engine has frozen it). ``train`` is that loop over one member,
 ``sweep`` over the members of each program group, ``intervene`` over one
@@ -19,9 +20,9 @@ several JAX devices the member axis is sharded over them (padded to a
 multiple of the device count); across hosts, call
 ``jax.distributed.initialize()`` in every process first. A stability
 controller's step is one ``lax.cond``, which ``vmap`` would turn into a
-select of both branches, so controller groups map their members with
-``lax.map`` instead. On CPU a member of a sweep reproduces its single run
-bit for bit (see :mod:`mx_proxy.training.engine` for the three details this takes).
+select of both branches, so controller groups always map their members with
+``lax.map``. On a one-device CPU a member of a sweep is its single run's
+program, and reproduces that run bit for bit.
 """
 
 from __future__ import annotations
@@ -105,6 +106,13 @@ def _compiled(key: Config, dyn_axes: tuple, teacher_axis):
     """(segment, val_loss) of ``key``'s program over a member axis."""
     program = program_for(key)
     axes = Dynamic(*dyn_axes)
+    # On a one-device CPU the members run one after another (lax.map), each the single run's very program, so
+    # a member equals its single run bit for bit by construction: batched (vmapped) dots and reductions sum in
+    # another order for some shapes, and vmap buys a CPU no speed (mx-proxy bench sweep). A controller's cond
+    # would also become a select of both branches under vmap. Accelerators and several devices (the member
+    # axis sharded over them) vmap the members, except with dot="bf16" (YNNPACK's batched GEMMs).
+    several = jax.default_backend() != "cpu" or jax.device_count() > 1
+    vmapped = several and program.controller is None and key.dot != "bf16"
 
     def one_by_one(fn, state, dyn, teacher):
         """``fn`` per member, one member after another (lax.map), each running
@@ -123,14 +131,12 @@ def _compiled(key: Config, dyn_axes: tuple, teacher_axis):
         def one(s, d, te):
             return program.segment(s, d, te, start, n=n)
 
-        if program.controller is None and key.dot != "bf16":
+        if vmapped:
             return jax.vmap(one, in_axes=(0, axes, teacher_axis))(state, dyn, teacher)
-        # vmap would turn a controller's cond into a select of both branches, and would hand YNNPACK
-        # (dot="bf16") batched GEMMs that sum in another order than a single run's
         return one_by_one(one, state, dyn, teacher)
 
     def val_loss(state, dyn, teacher):
-        if key.dot != "bf16":
+        if vmapped:
             return jax.vmap(program.val_loss, in_axes=(0, axes, teacher_axis))(state, dyn, teacher)
         return one_by_one(program.val_loss, state, dyn, teacher)  # the same GEMMs as a single run's
 
@@ -375,7 +381,7 @@ def sweep(config: Config, *, store=None, force: bool = False, progress: bool = T
 
     Members that differ only in dynamic fields (``lr``, ``lr_min``, ``noise``,
     ``spike_factor``, ``seed``, ``data_seed``, ``teacher_seed``, the reference
-    seeds) run as one vmapped, compiled program; other axes loop over such
+    seeds) run as one compiled program over a member axis; other axes loop over such
     groups. Paired members (``paired_run=True``) that differ only in
     ``recipe`` train as one program beside one shared reference run
     (:mod:`mx_proxy.training.twins`): k recipes cost 1 + k runs, not 2k, with the same

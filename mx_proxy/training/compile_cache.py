@@ -36,6 +36,7 @@ compiled programs in a subfolder, so that a rerun need not even trace them.
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from pathlib import Path
 
@@ -125,9 +126,24 @@ def enable(path: str | os.PathLike | None = None) -> Path | None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_TIME_S)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", MIN_ENTRY_SIZE_BYTES)
     jax.config.update("jax_compilation_cache_max_size", MAX_SIZE_BYTES)
+    _stamp_unstamped(folder)
     if previous and Path(previous) != folder:
         cc.reset_cache()  # JAX opens its cache folder once; reopen it at the new place
     return folder
+
+
+def _stamp_unstamped(folder: Path) -> None:
+    """Give every entry without one the access-time file that JAX's capped
+    cache keeps beside each entry (entries written without a cap have none,
+    and JAX's eviction would fail on them at every write)."""
+    now = time.time_ns().to_bytes(8, "little")
+    for entry in folder.glob("*-cache"):
+        stamp = entry.with_name(entry.name[: -len("-cache")] + "-atime")
+        if not stamp.exists():
+            try:
+                stamp.write_bytes(now)
+            except OSError:
+                return  # a read-only cache folder: JAX then cannot write entries either
 
 
 def active_dir() -> Path | None:
