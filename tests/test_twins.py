@@ -16,7 +16,7 @@ RECIPES = ["mxfp8_e4m3", "paper_e4m3", "mxfp6_e2m3"]
 def no_jax_cache():
     """JAX's persistent compilation cache off for these programs: a pytest-xdist
     worker reading a twin program's cached executable segfaulted in JAX's
-    deserializer (2 of 4 full test runs on 2026-12-01; not understood yet)."""
+    deserializer (3 of 4 full test runs on 2026-12-01; not understood yet)."""
     from jax.experimental.compilation_cache import compilation_cache as cc
 
     was = jax.config.jax_enable_compilation_cache
