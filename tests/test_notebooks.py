@@ -5,9 +5,11 @@ saving one leaves it unchanged), and notebook 10 carries its panel's widget stat
 
 import ast
 import base64
+import functools
 import json
 import pathlib
 import re
+import subprocess
 import sys
 
 import nbformat
@@ -212,15 +214,28 @@ def test_notebook_10_as_committed_shows_its_panel():
     assert png.startswith(b"\x89PNG") and len(png) > 20_000
 
 
+_METADATA = """
+import json
+from ipykernel.ipkernel import IPythonKernel
+from ipykernel.kernelspec import get_kernel_dict
+spec = get_kernel_dict()
+print(json.dumps({"kernelspec": {"display_name": spec["display_name"], "language": spec["language"],
+                                 "name": "python3"}, "language_info": dict(IPythonKernel.language_info)}))
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _metadata_json() -> str:
+    # asked of a fresh interpreter, as a kernel would start: another test in this worker may have swapped or
+    # removed modules (ipywidgets, ipykernel) in sys.modules
+    out = subprocess.run([sys.executable, "-c", _METADATA], capture_output=True, text=True, timeout=300, check=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
 def _jupyterlab_metadata() -> dict:
     """The notebook metadata JupyterLab 4 writes for the python3 kernel: the kernelspec with ipykernel's display
     name and language, and ipykernel's ``language_info`` (its ``version`` is the kernel's Python's)."""
-    from ipykernel.ipkernel import IPythonKernel
-    from ipykernel.kernelspec import get_kernel_dict
-
-    spec = get_kernel_dict()
-    return {"kernelspec": {"display_name": spec["display_name"], "language": spec["language"], "name": "python3"},
-            "language_info": dict(IPythonKernel.language_info)}
+    return json.loads(_metadata_json())
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
