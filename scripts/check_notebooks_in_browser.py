@@ -26,7 +26,7 @@ Chromium (Debian: ``apt-get install chromium``; ``--chromium`` names another
 binary). The server listens on 127.0.0.1 only, without a token, for the few
 seconds of the check, and both processes are stopped at the end. Not part of
 the pytest suite (a browser start and one kernel per notebook: about a minute);
-``tests/test_notebooks.py`` checks the metadata this relies on.
+``tests/integration/test_notebooks.py`` checks the metadata this relies on.
 """
 
 from __future__ import annotations

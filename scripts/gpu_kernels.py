@@ -11,7 +11,7 @@ a step that would start after ``--budget-s`` is skipped and said so:
 1. **Mosaic GPU probe** (first: Mosaic GPU kernels cannot be compiled without
    a GPU): compile and run one E4M3 ``wgmma`` (:mod:`mx_proxy.pallas.mosaic_probe`).
 2. **Environment**: jax, device, the Pallas backend chosen for this jax.
-3. **GPU tests**: ``pytest tests/test_kernels_gpu.py`` (compiled kernels vs
+3. **GPU tests**: ``pytest tests/pallas/test_kernels_gpu.py`` (compiled kernels vs
    the reference, all default configurations, extreme scales).
 4. **Benchmark**: ``mx-proxy bench kernels`` (4096^3 and 8192^3, E4M3 and E2M1,
    fused and prequantized against bf16, the XLA path, lax.scaled_dot,
@@ -150,12 +150,12 @@ def main(argv: list[str] | None = None) -> int:
 
         step("probe", probe)
         step("environment", environment)
-        step("tests", lambda: _pytest(["tests/test_kernels_gpu.py"], args.budget_s - (time.perf_counter() - start)))
+        step("tests", lambda: _pytest(["tests/pallas/test_kernels_gpu.py"], args.budget_s - (time.perf_counter() - start)))
         step("bench", bench, reserve_s=30)
         step("autotune", lambda: _autotune(args.out, min(90.0, args.budget_s - (time.perf_counter() - start))),
              reserve_s=30)
-        step("cpu_tests", lambda: _pytest(["tests/test_kernels_matmul.py", "tests/test_kernels_operand.py",
-                                           "tests/test_kernels_quantize.py"],
+        step("cpu_tests", lambda: _pytest(["tests/pallas/test_kernels_matmul.py", "tests/pallas/test_kernels_operand.py",
+                                           "tests/pallas/test_kernels_quantize.py"],
                                           args.budget_s - (time.perf_counter() - start)), reserve_s=60)
         print(f"\n# gpu_kernels: {time.perf_counter() - start:.0f} s; failed: {failed or 'none'}; "
               f"skipped: {skipped or 'none'}")

@@ -16,7 +16,7 @@ The metadata is what JupyterLab itself writes when it saves a notebook (the
 kernelspec's name, display name and language from the kernel's own spec,
 ``language_info`` from the kernel's info reply, nbformat 4.5 with cell ids),
 so that opening and saving a committed notebook in JupyterLab leaves it
-unchanged (``tests/test_notebooks.py`` checks the committed files;
+unchanged (``tests/integration/test_notebooks.py`` checks the committed files;
 ``scripts/check_notebooks_in_browser.py`` does it in a real JupyterLab).
 Widget state (ipywidgets' saved state, as nbclient records it) is kept, so a
 widget such as notebook 10's panel renders when the notebook is opened

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from hypothesis import settings
 
 os.environ.setdefault("MPLBACKEND", "Agg")
@@ -17,6 +18,17 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # (the modules' own settings say so too; this covers any new one).
 settings.register_profile("proxy", deadline=None)
 settings.load_profile("proxy")
+
+
+@pytest.fixture
+def trained():
+    """The configs the runner actually trains during a test (its timing-free hook), in order."""
+    from mx_proxy.runner import loop as runner
+
+    log = []
+    runner.hooks.append(log.append)
+    yield log
+    runner.hooks.remove(log.append)
 
 
 def dead_pid() -> int:

@@ -17,68 +17,23 @@ members finished so far stay in the store.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from pathlib import Path
 
 import jax
 
-from mx_proxy.cli.help import CHOICES, PlainFormatter, cli_message, config_help
+from mx_proxy.cli.config_options import add_config_options, config_changes
+from mx_proxy.cli.help import PlainFormatter, cli_message
 from mx_proxy.numerics.recipe import MITIGATIONS
 from mx_proxy.runner import interventions, loop as runner
 from mx_proxy.training.config import Config
 
-__all__ = ["add_experiment_commands", "sweep_axes", "main", "parse_bool", "add_store_options", "store_arg",
+__all__ = ["add_experiment_commands", "sweep_axes", "main", "add_store_options", "store_arg",
            "DEFAULT_STORE", "guard", "check_out"]
 
 DEFAULT_STORE = "runs"
 _OFF = ("off", "none", "no", "false", "0")
-
-
-def parse_bool(text: str) -> bool:
-    """``true/false``, ``yes/no``, ``on/off``, ``1/0`` (case-insensitive)."""
-    v = str(text).strip().lower()
-    if v in ("1", "true", "yes", "on"):
-        return True
-    if v in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"invalid boolean {text!r}; valid: true, false (yes/no, on/off, 1/0)")
-
-
-def _field_type(f: dataclasses.Field):
-    ann = str(f.type)
-    if f.name in ("recipe", "reference_recipe"):
-        return str
-    if ann == "bool":
-        return parse_bool
-    if ann.startswith("tuple"):
-        return int
-    for name, t in (("float", float), ("int", int)):
-        if name in ann:
-            return t
-    return str
-
-
-def _metavar(f: dataclasses.Field) -> str:
-    if f.name in CHOICES:
-        return "NAME"
-    return {"controller": "SPEC", "checkpoint_at": "STEP"}.get(f.name) or {
-        parse_bool: "BOOL", int: "N", float: "X"}.get(_field_type(f), "TEXT")
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _add_config_options(p: argparse.ArgumentParser, fields, multi: bool):
-    for f in dataclasses.fields(Config):
-        if f.name not in fields:
-            continue
-        t = _field_type(f)
-        nargs = "+" if multi or f.name == "checkpoint_at" else None
-        p.add_argument(_flag(f.name), dest=f.name, type=t, nargs=nargs, default=None, metavar=_metavar(f),
-                       help=config_help(f.name, multi=multi))
 
 
 def add_store_options(p: argparse.ArgumentParser, *, train: bool = True, aliases=("--store",),
@@ -127,14 +82,9 @@ def sweep_axes(args) -> tuple[Config, dict]:
     """(base config, axes) from parsed ``mx-proxy sweep`` arguments: fields given
     one value go into the base config, fields given several are axes."""
     base, axes = {}, {}
-    for name in Config.field_names():
-        v = getattr(args, name, None)
-        if v is None:
-            continue
-        if name == "checkpoint_at":
-            base[name] = tuple(v)
-        elif len(v) == 1:
-            base[name] = v[0]
+    for name, v in config_changes(args).items():
+        if name == "checkpoint_at" or len(v) == 1:
+            base[name] = v if name == "checkpoint_at" else v[0]
         else:
             axes[name] = list(v)
     return Config(**base), axes
@@ -167,11 +117,8 @@ def _cmd_sweep(args) -> int:
 
 
 def _cmd_intervene(args) -> int:
-    changes = {}
-    for name in interventions.INTERVENABLE_FIELDS:
-        v = getattr(args, name, None)
-        if v is not None and name != "recipe":
-            changes[name] = tuple(v) if name == "checkpoint_at" else v
+    changes = config_changes(args, interventions.INTERVENABLE_FIELDS)
+    changes.pop("recipe", None)
     try:
         store = store_arg(args)  # None: the parent's own store
         run = interventions.intervene(args.run_dir, args.at_step, recipe=args.recipe, apply=args.apply or (),
@@ -209,7 +156,7 @@ def guard(fn):
             line = _one_line(e)
             if line is None:
                 raise
-            print(f"proxy {args.command}: error: {line}", file=sys.stderr)
+            print(f"mx-proxy {args.command}: error: {line}", file=sys.stderr)
             return 2
 
     return run
@@ -221,7 +168,7 @@ def add_experiment_commands(subparsers) -> None:
         "sweep", help="train the product of swept Config values (vmapped where the program is shared)",
         description="Each Config field is an option taking one or more values; fields with several values are "
                     "the sweep's axes, e.g. --lr 1e-4 3e-4 1e-3 --seed 0 1 --recipe fp32 mxfp8_mixed.")
-    _add_config_options(sw, Config.field_names(), multi=True)
+    add_config_options(sw, multi=True)
     add_store_options(sw)
     sw.add_argument("--no-shard", action="store_true", help="do not split members over several JAX devices")
     sw.add_argument("--out", default=None, metavar="FILE", help="write Sweep.to_frame() (.parquet or .csv)")
@@ -239,7 +186,7 @@ def add_experiment_commands(subparsers) -> None:
                     help="the checkpoint step to continue from (the parent's --checkpoint-at or --checkpoint-every)")
     iv.add_argument("--apply", nargs="+", default=None, metavar="NAME", choices=list(MITIGATIONS),
                     help=f"named mitigations: {', '.join(MITIGATIONS)}")
-    _add_config_options(iv, interventions.INTERVENABLE_FIELDS, multi=False)
+    add_config_options(iv, interventions.INTERVENABLE_FIELDS)
     add_store_options(iv, default=None)
     iv.set_defaults(func=guard(_cmd_intervene))
 

@@ -9,22 +9,10 @@ import dataclasses
 import re
 import textwrap
 
-from mx_proxy.nn import architectures, blocks, layers, resmlp as model
-from mx_proxy.numerics import formats, recipe
-from mx_proxy.training import config
-from mx_proxy.training.config import FIELD_DOCS, Config
+from mx_proxy.training.config import CHOICES, FIELD_DOCS, Config
 from mx_proxy.viz.text import plain
 
-__all__ = ["CHOICES", "plain", "config_help", "PlainFormatter", "cli_message", "flag"]
-
-# Config fields whose valid values the CLI lists (and argparse checks, in `mx-proxy train`)
-CHOICES = {
-    "act": layers.ACTIVATIONS, "teacher_act": layers.ACTIVATIONS, "norm": model.NORMS, "init": blocks.INITS,
-    "arch": architectures.ARCHS, "optimizer": config.OPTIMIZERS, "schedule": config.SCHEDULES,
-    "gradient_reference": config.GRADIENT_REFERENCES, "recipe": tuple(recipe.PRESETS),
-    "reference_recipe": tuple(recipe.PRESETS), "dot": recipe.DOTS,
-    "diagnostic_format": tuple(formats.FORMATS),
-}
+__all__ = ["plain", "config_help", "PlainFormatter", "cli_message", "flag"]
 
 def _hang(line: str, width: int) -> str:
     """A listing line ``  name   description`` wrapped under its description."""

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import os
 import sys
-import typing
 
 from mx_proxy.cli.bench import BENCHMARKS, describe
-from mx_proxy.cli.experiment_commands import add_experiment_commands, add_store_options, guard, parse_bool, store_arg
-from mx_proxy.cli.help import CHOICES, PlainFormatter, cli_message, config_help, flag, plain
+from mx_proxy.cli.config_options import add_config_options, config_from_args
+from mx_proxy.cli.experiment_commands import add_experiment_commands, add_store_options, guard, store_arg
+from mx_proxy.cli.help import PlainFormatter, cli_message
 from mx_proxy.experiments import campaign, scales
 from mx_proxy.runner import loop as runner
-from mx_proxy.training.config import Config
 from mx_proxy.viz.figures import FIGURE_DOCS, FIGURES, campaign_figures, default_dir, generate
 
 
@@ -33,52 +31,6 @@ def _bench(args) -> int:
         return 2
     module = importlib.import_module(BENCHMARKS[args.name])
     return int(module.main(args.rest) or 0)
-
-
-def add_config_arguments(parser: argparse.ArgumentParser, *, nargs: str | None = None) -> None:
-    """One ``--field-name`` option per :class:`mxp.Config` field, typed from
-    its default (``nargs="+"`` turns each into a list, for sweeps), with its
-    line of :data:`mx_proxy.training.config.FIELD_DOCS`, accepted values and default."""
-    hints = typing.get_type_hints(Config)
-    for f in dataclasses.fields(Config):
-        default = f.default
-        hint = hints[f.name]
-        if f.name in CHOICES:
-            kind, metavar = _choice(f.name), "NAME"
-        else:
-            kind = type(default) if default is not None else (int if "int" in str(hint) else str)
-            if kind is tuple:
-                kind = int
-            if kind is bool:
-                kind = parse_bool
-            metavar = {bool: "BOOL", int: "N", float: "X"}.get(type(default) if default is not None else kind, "TEXT")
-            metavar = {"controller": "SPEC", "checkpoint_at": "STEP"}.get(f.name, metavar)
-        parser.add_argument(flag(f.name), dest=f.name, type=kind, metavar=metavar,
-                            nargs=nargs or ("+" if isinstance(default, tuple) else None), default=None,
-                            help=config_help(f.name, multi=nargs is not None))
-
-
-def _choice(name: str):
-    valid = CHOICES[name]
-
-    def parse(text: str) -> str:
-        if text not in valid:
-            raise argparse.ArgumentTypeError(f"invalid choice: {text!r}; valid: {', '.join(valid)}")
-        return text
-
-    parse.__name__ = name
-    return parse
-
-
-def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace, base=None):
-    """The Config the options ask for; a bad value exits with status 2."""
-    changes = {f.name: getattr(args, f.name) for f in dataclasses.fields(Config)
-               if getattr(args, f.name, None) is not None}
-    changes = {k: tuple(v) if isinstance(v, list) else v for k, v in changes.items()}
-    try:
-        return (base or Config()).replace(**changes)
-    except ValueError as err:
-        parser.error(cli_message(str(err)))
 
 
 def _train(args) -> int:
@@ -137,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=_bench)
 
     train = sub.add_parser("train", help="train one run into the run store (config.json, metrics.parquet, ...)")
-    add_config_arguments(train)
+    add_config_options(train)
     add_store_options(train, aliases=("--store", "--out"))
     train.set_defaults(func=guard(_train), parser=train)
 
@@ -201,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except KeyboardInterrupt:
-        print(f"proxy {args.command}: interrupted; results finished before the interrupt are kept", file=sys.stderr)
+        print(f"mx-proxy {args.command}: interrupted; results finished before the interrupt are kept", file=sys.stderr)
         return 130
 
 

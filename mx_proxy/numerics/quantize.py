@@ -61,7 +61,7 @@ operations (the recipe, its exactness and special cases:
 the default). Any NaN or Inf makes the WHOLE array NaN. JAX's own NVFP4
 quantizer (``jax.nn.get_scaled_dot_general_config("nvfp4", global_scale)``)
 takes the global scale from the caller; as XLA compiles it, it gives the same
-values when that scale is a power of two (see ``tests/test_nvfp4.py`` for
+values when that scale is a power of two (see ``tests/numerics/test_nvfp4.py`` for
 where and why the two differ otherwise).
 """
 

@@ -5,7 +5,7 @@
   ``interpret=True`` forces the interpreter anywhere; ``interpret=False``
   forces compilation (on a CPU backend Pallas then refuses at lowering time
   with "Only interpret mode is supported on CPU backend"; lowering *for* CUDA
-  from a CPU machine works, see ``tests/test_kernels_lowering.py``).
+  from a CPU machine works, see ``tests/pallas/test_kernels_lowering.py``).
 * The Pallas GPU lowering is chosen per jax version by :func:`gpu_backend`
   (table :data:`BACKEND_BY_VERSION`; the reasoning is in ``mx_proxy/pallas/README.md``,
   "Backend"). It is Triton on every jax this project supports: jax 0.10

@@ -15,18 +15,11 @@ from mx_proxy.runner import loop as runner
 from mx_proxy.store import checkpoint as ckpt
 from mx_proxy.store import run_store as _store
 from mx_proxy.training import memory as _memory
-from mx_proxy.training.config import Config
+from mx_proxy.training.config import INTERVENABLE_FIELDS, Config  # the fields declared knob(..., intervene=True)
 from mx_proxy.training.engine import dynamic_for, program_for
 from mx_proxy.training.result import Run
 
 __all__ = ["intervene", "INTERVENABLE_FIELDS"]
-
-# Fields an intervention may change; everything else (model, data, seeds) must stay
-# the parent's so that the continued run sees the same weights' shapes and batches.
-INTERVENABLE_FIELDS = ("recipe", "lr", "lr_min", "schedule", "warmup_steps", "optimizer", "momentum", "beta1",
-                       "beta2", "adam_eps", "spike_factor", "steps", "diagnostics_every", "gradient_reference",
-                       "paired_run", "diagnostic_format", "val_every", "checkpoint_every", "checkpoint_at")
-
 
 def _parent_sink(run: Run) -> ckpt.CheckpointSink:
     if run.path is not None:
@@ -147,7 +140,7 @@ def intervene(run: Run | str | Path, at_step: int, recipe: str | _recipes.Recipe
         state = state._replace(ref_opt=c_prog.tx.init(state.ref_params))
     elif not c_prog.paired:
         state = state._replace(ref_params=None, ref_opt=None)
-    if (c_prog.controller is None) != (state.ctrl is None):
+    if (c_prog.selector is None) != (state.ctrl is None):
         state = state._replace(ctrl=fresh.ctrl)
     history = parent.metrics[parent.metrics["step"] < at_step].reset_index(drop=True)
     info = {"key": key, "parent": parent_key, "parent_path": parent.path,

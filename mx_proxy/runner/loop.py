@@ -5,7 +5,7 @@ program (their configs differ only in the engine's dynamic fields: learning
 rate, LR floor, noise, spike factor, seeds), their train states are stacked
 and the engine's pure ``segment`` and ``val_loss`` run over them: one after
 another (``lax.map``) on a one-device CPU, ``jax.vmap``-ed on accelerators
-(see :func:`_compiled`). Per segment the loop records metrics, checkpoints the members that
+(see :func:`mx_proxy.runner.programs.members`). Per segment the loop records metrics, checkpoints the members that
 reach a checkpoint step, calls ``on_segment`` and stops a member that
 diverged (the engine has frozen it). ``train`` is that loop over one member,
 ``sweep`` over the members of each program group, ``intervene`` over one
@@ -28,7 +28,6 @@ program, and reproduces that run bit for bit.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import shutil
 import time
@@ -40,13 +39,13 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from mx_proxy.runner import programs, progress
 from mx_proxy.store import checkpoint as ckpt
 from mx_proxy.store import run_store as _store
-from mx_proxy.store.executables import CachedProgram
 from mx_proxy.training import memory as _memory
 from mx_proxy.training import twins as _twins
 from mx_proxy.training.config import Config
-from mx_proxy.training.engine import Dynamic, TrainState, compiler_options, dynamic_for, program_for, static_key
+from mx_proxy.training.engine import Dynamic, TrainState, dynamic_for, program_for, static_key
 from mx_proxy.training.result import Run, metrics_frame, segment_length
 from mx_proxy.training.sweeps import Sweep, members
 
@@ -74,79 +73,9 @@ class Member:
 # --------------------------------------------------------------------------- compiled pieces
 
 
-def _program(name: str, fn: Callable, key, static_argnames=()) -> CachedProgram:
-    opts = compiler_options(key if isinstance(key, Config) else key[0])
-    return CachedProgram(name, jax.jit(fn, static_argnames=static_argnames, compiler_options=opts), key, opts)
-
-
-@functools.lru_cache(maxsize=64)
-def _compiled_init(key: Config):
-    return _program("init", program_for(key).init, key)
-
-
-@functools.lru_cache(maxsize=64)
-def _compiled_single(key: Config):
-    """(segment, val_loss) of ``key``'s program for one member, without a
-    member axis: the program of a single run (a size-1 ``vmap`` would let XLA
-    fuse, and round, differently from the sweeps it must equal)."""
-    program = program_for(key)
-    return (_program("segment", program.segment, key, ("n",)), _program("val_loss", program.val_loss, key))
-
-
-@functools.lru_cache(maxsize=16)
-def _compiled_twins(keys: tuple[Config, ...]):
-    """(segment, val_loss) of a twin group (:class:`mx_proxy.training.twins.TwinProgram`)."""
-    program = _twins.TwinProgram(keys)
-    return (_program("twins_segment", program.segment, keys, ("n",)),
-            _program("twins_val_loss", program.val_loss, keys))
-
-
-@functools.lru_cache(maxsize=64)
-def _compiled(key: Config, dyn_axes: tuple, teacher_axis):
-    """(segment, val_loss) of ``key``'s program over a member axis."""
-    program = program_for(key)
-    axes = Dynamic(*dyn_axes)
-    # On a one-device CPU the members run one after another (lax.map), each the single run's very program, so
-    # a member equals its single run bit for bit by construction: batched (vmapped) dots and reductions sum in
-    # another order for some shapes, and vmap buys a CPU no speed (mx-proxy bench sweep). A controller's cond
-    # would also become a select of both branches under vmap. Accelerators and several devices (the member
-    # axis sharded over them) vmap the members, except with dot="bf16" (YNNPACK's batched GEMMs).
-    several = jax.default_backend() != "cpu" or jax.device_count() > 1
-    vmapped = several and program.controller is None and key.dot != "bf16"
-
-    def one_by_one(fn, state, dyn, teacher):
-        """``fn`` per member, one member after another (lax.map), each running
-        the single run's program."""
-        mapped = (state, Dynamic(*[v if ax == 0 else None for v, ax in zip(dyn, axes)]),
-                  teacher if teacher_axis == 0 else None)
-
-        def member(xs):
-            s, d, te = xs
-            d = Dynamic(*[v if ax == 0 else full for v, full, ax in zip(d, dyn, axes)])
-            return fn(s, d, te if teacher_axis == 0 else teacher)
-
-        return jax.lax.map(member, mapped)
-
-    def segment(state, dyn, teacher, start, *, n):
-        def one(s, d, te):
-            return program.segment(s, d, te, start, n=n)
-
-        if vmapped:
-            return jax.vmap(one, in_axes=(0, axes, teacher_axis))(state, dyn, teacher)
-        return one_by_one(one, state, dyn, teacher)
-
-    def val_loss(state, dyn, teacher):
-        if vmapped:
-            return jax.vmap(program.val_loss, in_axes=(0, axes, teacher_axis))(state, dyn, teacher)
-        return one_by_one(program.val_loss, state, dyn, teacher)  # the same GEMMs as a single run's
-
-    group = (key, dyn_axes, teacher_axis)
-    return (_program("members_segment", segment, group, ("n",)), _program("members_val_loss", val_loss, group))
-
-
 def init_state(config: Config):
     """(initial TrainState, teacher params) of ``config``."""
-    return _compiled_init(static_key(config))(dynamic_for(config))
+    return programs.init(static_key(config))(dynamic_for(config))
 
 
 # --------------------------------------------------------------------------- the host loop
@@ -197,7 +126,7 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
     sh, padded = _shardings(M, shard and M > 1)
     if twins:  # members differing only in recipe, one reference run: see mx_proxy.training.twins
         state, dyn, teacher = _twins.twin_state([m.state for m in group]), dyns[0], group[0].teacher
-        seg2, val2 = _compiled_twins(tuple(static_key(m.config) for m in group))
+        seg2, val2 = programs.twins(tuple(static_key(m.config) for m in group))
 
         def seg(state, dyn, teacher, start, n):
             new, m = seg2(state, dyn, teacher, start, n=n)
@@ -210,7 +139,7 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
             return _twins.member(tree, i)
     elif M == 1:  # one member: the single-run program; the member axis lives on the host
         state, dyn, teacher = group[0].state, dyns[0], group[0].teacher
-        seg1, val1 = _compiled_single(key)
+        seg1, val1 = programs.single(key)
 
         def seg(state, dyn, teacher, start, n):
             new, m = seg1(state, dyn, teacher, start, n=n)
@@ -242,7 +171,7 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
             state = jax.device_put(state, split)
             dyn = Dynamic(*(jax.device_put(v, split if batched[f] else repl) for f, v in zip(Dynamic._fields, dyn)))
             teacher = jax.device_put(teacher, repl if share_teacher else split)
-        seg_members, val_params = _compiled(key, dyn_axes, teacher_axis)
+        seg_members, val_params = programs.members(key, dyn_axes, teacher_axis)
 
         def seg(state, dyn, teacher, start, n):
             new, m = seg_members(state, dyn, teacher, start, n=n)
@@ -271,9 +200,12 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
             if vals is not None:
                 frame.loc[frame.index[0], "val_loss"] = float(vals[i])
             frames[i].append(frame)
+        first = t == start
         t += n
         if bar is not None:
             bar.update(n * len(active))
+            if first:
+                progress.restart_clock(bar)
         if t in ckpt_steps:
             host = jax.device_get(state)
             for i in active:

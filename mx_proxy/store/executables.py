@@ -11,7 +11,8 @@ each program by what decides it *without tracing*:
   static arguments;
 - the abstract signature of its arguments (tree structure, shapes, dtypes,
   weak types);
-- a hash of the source of ``mx_proxy`` (any edit is a new key);
+- the code version (:mod:`mx_proxy.training.code_version`: every source
+  that is traced into a program; an edit there is a new key);
 - the JAX and jaxlib versions, the platform and device kind, the JAX options
   that change programs (x64, PRNG implementation, default matmul precision),
   ``$XLA_FLAGS`` and the program's compiler options;
@@ -39,6 +40,7 @@ import tempfile
 import threading
 import time
 import warnings
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -46,35 +48,23 @@ import jax
 from jax.experimental.serialize_executable import deserialize_and_load, serialize
 
 from mx_proxy.training import compile_cache
+from mx_proxy.training.code_version import code_version
 
-__all__ = ["CachedProgram", "folder", "source_version", "stats", "reset_stats", "SUBDIR"]
+__all__ = ["CachedProgram", "folder", "stats", "reset_stats", "SUBDIR", "make_room", "release_all", "map_usage",
+           "MAP_SHARE", "MAX_LIVE"]
 
 SUBDIR = "proxy-executables"
-_ROOTS = ("mx_proxy",)  # the packages whose source decides a program
-_SOURCE: str | None = None
 _lock = threading.Lock()
 _warned = False
 
-stats: dict[str, float] = {"loaded": 0, "compiled": 0, "load_s": 0.0, "compile_s": 0.0}
+stats: dict[str, float] = {"loaded": 0, "compiled": 0, "load_s": 0.0, "compile_s": 0.0, "released": 0}
 """Counters of this process: executables loaded from disk and compiled
-(traced, lowered, compiled, written), with the seconds each took."""
+(traced, lowered, compiled, written), with the seconds each took, and
+programs whose executables were released to stay within the mapping budget."""
 
 
 def reset_stats() -> None:
-    stats.update(loaded=0, compiled=0, load_s=0.0, compile_s=0.0)
-
-
-def source_version() -> str:
-    """A hash of every ``.py`` file of the ``mx_proxy`` package."""
-    global _SOURCE
-    if _SOURCE is None:
-        h = hashlib.sha256()
-        top = Path(__file__).resolve().parents[2]
-        for root in _ROOTS:
-            for f in sorted((top / root).rglob("*.py")):
-                h.update(str(f.relative_to(top)).encode() + b"\0" + f.read_bytes() + b"\0")
-        _SOURCE = h.hexdigest()[:16]
-    return _SOURCE
+    stats.update(loaded=0, compiled=0, load_s=0.0, compile_s=0.0, released=0)
 
 
 def folder() -> Path | None:
@@ -114,7 +104,10 @@ class CachedProgram:
         sig = (_signature(args), tuple(sorted(static.items())))
         entry = self._memory.get(sig)
         if entry is None:
+            make_room(keep=self)
             entry = self._memory[sig] = self._compiled(args, static, sig)
+        _LIVE[id(self)] = self
+        _LIVE.move_to_end(id(self))
         compiled, path = entry
         if path is None:
             return compiled(*args)
@@ -127,8 +120,16 @@ class CachedProgram:
         self._memory[sig] = (compiled, None)
         return out
 
+    def release(self) -> None:
+        """Drop this program's executables (the next call compiles or loads them again).
+        JAX keeps the executables it compiled for a jitted function too (its
+        lowering caches), so those are cleared with them."""
+        self._memory.clear()
+        self.jitted.clear_cache()
+        _LIVE.pop(id(self), None)
+
     def _digest(self, sig) -> str:
-        blob = repr((self.name, self.key, sig, self.options, source_version(), _environment()))
+        blob = repr((self.name, self.key, sig, self.options, code_version(), _environment()))
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
     def _compiled(self, args, static, sig):
@@ -156,6 +157,57 @@ class CachedProgram:
         stats["compiled"] += 1
         stats["compile_s"] += time.perf_counter() - t0
         return compiled
+
+
+# -- the live executables --------------------------------------------------------
+# Every compiled XLA:CPU executable keeps its machine code in memory mappings of
+# its own: about a thousand for a paired training run's three programs. Linux caps
+# a process at vm.max_map_count mappings (65530 by default), and XLA aborts or
+# crashes when a compile, a load or a cache write cannot map more. So the
+# programs holding executables are kept least recently used first, and before
+# a new executable is made the oldest are released while the process uses more
+# than MAP_SHARE of its mappings (elsewhere than Linux: until at most
+# MAX_LIVE programs, the new one included, hold one). A released program compiles or loads again
+# when called.
+_LIVE: OrderedDict[int, CachedProgram] = OrderedDict()
+MAP_SHARE = 0.5
+MAX_LIVE = 48
+_MAP_LIMIT = Path("/proc/sys/vm/max_map_count")
+_MAPS = Path("/proc/self/maps")
+
+
+def map_usage() -> tuple[int, int] | None:
+    """(memory mappings of this process, the kernel's limit), or ``None`` where /proc does not tell."""
+    try:
+        limit = int(_MAP_LIMIT.read_text())
+        with open(_MAPS, "rb") as f:
+            used = sum(1 for _ in f)
+    except (OSError, ValueError):
+        return None
+    return used, limit
+
+
+def make_room(keep: CachedProgram | None = None) -> int:
+    """Release the least recently used programs' executables (never ``keep``'s)
+    while this process is over its mapping budget; returns how many were released."""
+    released = 0
+    while True:
+        others = [p for p in _LIVE.values() if p is not keep]
+        if not others:
+            return released
+        usage = map_usage()
+        over = len(others) >= MAX_LIVE if usage is None else usage[0] > MAP_SHARE * usage[1]
+        if not over:
+            return released
+        others[0].release()
+        released += 1
+        stats["released"] += 1
+
+
+def release_all() -> None:
+    """Drop every live executable of this process (programs compile or load again when called)."""
+    for program in list(_LIVE.values()):
+        program.release()
 
 
 _cache_hits = [0]  # programs JAX has loaded from its persistent compilation cache in this process

@@ -55,20 +55,12 @@ import numpy as np
 
 from mx_proxy.store import checkpoint as ckpt
 from mx_proxy.store import files
+from mx_proxy.training.code_version import code_version
 from mx_proxy.training.config import Config
 from mx_proxy.training.result import Run
 from mx_proxy.version import __version__
 
 __all__ = ["Store", "StoreWarning", "SaveError", "resolve", "code_version", "entry_key", "load_dir"]
-
-# The modules whose code decides a run's numbers: a stored run made by other
-# code is stale and is trained again rather than loaded.
-_NUMERIC_MODULES = ("numerics/formats", "numerics/quantize", "numerics/recipe", "nn/layers", "nn/resmlp", "nn/ngpt",
-                    "nn/blocks", "nn/architectures", "training/data", "training/engine", "training/diagnostics",
-                    "training/controllers", "training/config")
-_NUMERIC_PACKAGES = ("numerics/mx",)
-_CODE = None
-
 
 class StoreWarning(UserWarning):
     """A run-store entry that cannot be used as it is (damaged, edited or
@@ -86,21 +78,6 @@ class SaveError(OSError):
 
     def __str__(self):
         return self.args[0]
-
-
-def code_version() -> str:
-    """A hash of the source of the modules that decide a run's numbers."""
-    global _CODE
-    if _CODE is None:
-        h = hashlib.sha256()
-        pkg = Path(__file__).resolve().parents[1]  # mx_proxy/
-        files = [pkg / f"{n}.py" for n in _NUMERIC_MODULES]
-        files += sorted(f for p in _NUMERIC_PACKAGES for f in (pkg / p).glob("*.py"))
-        for f in files:
-            if f.exists():
-                h.update(str(f.relative_to(pkg)).encode() + b"\0" + f.read_bytes())
-        _CODE = h.hexdigest()[:16]
-    return _CODE
 
 
 def entry_key(config: Config, parent: str | None = None, at_step: int | None = None) -> str:

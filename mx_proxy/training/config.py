@@ -1,4 +1,13 @@
-"""``Config``: every knob of a proxy run, declared and defaulted in one place."""
+"""``Config``: every knob of a proxy run, declared once.
+
+Each field is one :func:`knob` line: its default, its one-line doc, its kind
+(static: part of the compiled program; dynamic: a traced value a sweep varies
+inside one program; host: read by the host loop only), its valid names and
+whether an intervention may change it. The engine's static key and traced
+values, the interventions, the CLI's options (with their choices and help)
+and the docs read these declarations (:data:`FIELD_DOCS`, :data:`CHOICES`,
+:func:`fields_of_kind`, :data:`INTERVENABLE_FIELDS`); nothing else lists fields.
+"""
 
 from __future__ import annotations
 
@@ -14,13 +23,15 @@ from mx_proxy.nn.architectures import ARCHS
 from mx_proxy.nn.blocks import INITS
 from mx_proxy.nn.layers import ACTIVATIONS
 from mx_proxy.nn.resmlp import NORMS
+from mx_proxy.numerics import formats as _formats
 from mx_proxy.numerics import recipe as _recipes
 from mx_proxy.numerics import recipe_json
 from mx_proxy.numerics.quantize import MXSpec
 from mx_proxy.numerics.recipe import Recipe
 from mx_proxy.training.controllers import GNMR
 
-__all__ = ["Config", "FIELD_DOCS", "OPTIMIZERS", "SCHEDULES", "GRADIENT_REFERENCES", "SCHEMA", "SEED_LIMIT"]
+__all__ = ["Config", "knob", "FIELD_DOCS", "CHOICES", "INTERVENABLE_FIELDS", "fields_of_kind", "STATIC", "DYNAMIC",
+           "HOST", "KINDS", "OPTIMIZERS", "SCHEDULES", "GRADIENT_REFERENCES", "SCHEMA", "SEED_LIMIT"]
 
 OPTIMIZERS = ("adam", "sgd")
 SCHEDULES = ("constant", "cosine")
@@ -30,52 +41,35 @@ SEED_LIMIT = 2 ** 32  # seeds are JAX PRNG seeds: 0 <= seed < 2**32
 _SEEDS = ("seed", "data_seed", "teacher_seed", "reference_seed", "reference_data_seed")
 
 
-# One line per Config field: what it sets. The CLI's --help prints these (every field is a --flag) and
-# they close Config's docstring, so the two cannot drift apart; tests/test_cli.py checks every field has one.
-FIELD_DOCS: dict[str, str] = {
-    "width": "student width d (hidden size of every residual block)",
-    "depth": "number L of residual blocks of the student",
-    "act": "activation of the student's MLP blocks",
-    "norm": "normalization before each block (layernorm_noaffine: LayerNorm without gain and bias)",
-    "init": "weight init: pytorch (U(+-1/sqrt(fan_in))) or xavier_normal (scaled by init_gain)",
-    "init_gain": "gain of the xavier_normal init",
-    "teacher_width": "teacher width (none: the student's)",
-    "teacher_depth": "teacher depth (none: the student's)",
-    "teacher_act": "teacher activation (none: the student's)",
-    "batch": "rows per training batch (x ~ N(0, I), targets teacher(x) + noise)",
-    "noise": "standard deviation of the Gaussian noise added to the teacher's targets",
-    "optimizer": "optimizer (adam: beta1, beta2, adam_eps; sgd: momentum)",
-    "lr": "learning rate (peak of the schedule)",
-    "momentum": "SGD momentum (0: plain SGD)",
-    "beta1": "Adam beta1",
-    "beta2": "Adam beta2",
-    "adam_eps": "Adam epsilon",
-    "schedule": "learning-rate schedule: constant, or cosine decay to lr_min over the run",
-    "lr_min": "final learning rate of the cosine schedule",
-    "warmup_steps": "steps of linear learning-rate warm-up",
-    "steps": "training steps",
-    "seed": "seed of the student's initial weights",
-    "data_seed": "seed of the batches (batch t is a pure function of data_seed and t)",
-    "teacher_seed": "seed of the frozen teacher's weights",
-    "recipe": "precision recipe: which tensors are MX-quantized and how (docs/recipes.md)",
-    "dot": "CPU GEMMs of bf16-valued operands: f32 (float32 dots, reproducible) or bf16 (AVX512-BF16/AMX dots)",
-    "arch": "student architecture: resmlp (the paper's) or ngpt (hypersphere-normalized)",
-    "controller": "stability controller: none, gnmr, or gnmr:key=value,... (e.g. gnmr:threshold=3,lock_steps=50)",
-    "diagnostics_every": "record the reference gradient, zeta bound, cosine and clamp statistics every N steps "
-                         "(0: never)",
-    "gradient_reference": "reference gradient of the diagnostics: 'same_point' (same weights and batch) or "
-                          "'paired_run' (the paired run's gradient, the paper's definition)",
-    "paired_run": "train the reference_recipe run alongside on the same batches (records ref_loss, zeta_paper)",
-    "reference_recipe": "recipe of the reference gradient and of the paired run",
-    "reference_seed": "start the paired run from this init seed instead (a control; needs paired_run)",
-    "reference_data_seed": "feed the paired run this data seed's batches instead (a control; needs paired_run)",
-    "diagnostic_format": "MX element format that counts LN-gain clamping where the recipe does not quantize them",
-    "val_every": "held-out validation loss every N steps (a multiple of diagnostics_every; 0: never)",
-    "val_batches": "held-out batches of the validation loss",
-    "spike_factor": "a loss above this many times the previous step's is a divergence (the run stops)",
-    "checkpoint_every": "save the full train state every N steps (0: never; needed for interventions)",
-    "checkpoint_at": "save the full train state at these steps (multiples of diagnostics_every)",
-}
+# The field kinds (``kind=`` of :func:`knob`):
+STATIC = "static"    # part of the compiled program: runs that differ in it compile apart
+DYNAMIC = "dynamic"  # a traced value: a sweep varies it inside one compiled program
+HOST = "host"        # read by the host loop only (checkpointing): never changes the program or the numbers
+KINDS = (STATIC, DYNAMIC, HOST)
+
+_PRESET_NAMES = tuple(_recipes.PRESETS)
+_LOOKED_UP = ("recipe", "reference_recipe", "diagnostic_format")  # a Recipe object or a format alias is valid too
+_MX_FORMATS = tuple(n for n in _formats.names() if not _formats.get(n).is_vector)
+
+
+def knob(default: Any, doc: str, *, kind: str = STATIC, choices: tuple[str, ...] | None = None,
+         intervene: bool = False) -> Any:
+    """Declare one Config field: everything else about it is derived from this.
+
+    Args:
+      default: its value when not given.
+      doc: one line on what it sets (``--help``, :data:`FIELD_DOCS`, Config's docstring).
+      kind: :data:`STATIC`, :data:`DYNAMIC` or :data:`HOST` (the engine's static key and
+        traced values, :func:`fields_of_kind`).
+      choices: its valid names, where it is one of a list (checked by Config,
+        listed by the CLI); a recipe field also takes a :class:`Recipe`.
+      intervene: whether :func:`mx_proxy.intervene` may change it when it
+        continues a run from a checkpoint (model, data and seeds may not).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown field kind {kind!r}; valid: {', '.join(KINDS)}")
+    return dataclasses.field(default=default, metadata={"doc": doc, "kind": kind, "choices": choices,
+                                                        "intervene": intervene})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,46 +133,67 @@ class Config:
     on the same steps. ``mxp.intervene`` continues a run from one.
     """
 
-    width: int = 128
-    depth: int = 4
-    act: str = "gelu"
-    norm: str = "layernorm"
-    init: str = "pytorch"
-    init_gain: float = 0.5
-    teacher_width: int | None = None
-    teacher_depth: int | None = None
-    teacher_act: str | None = None
-    batch: int = 512
-    noise: float = 0.005
-    optimizer: str = "adam"
-    lr: float = 6e-4
-    momentum: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.999
-    adam_eps: float = 1e-8
-    schedule: str = "constant"
-    lr_min: float = 0.0
-    warmup_steps: int = 0
-    steps: int = 1000
-    seed: int = 0
-    data_seed: int = 0
-    teacher_seed: int = 0
-    recipe: str | Recipe = "fp32"
-    dot: str = "f32"
-    arch: str = "resmlp"
-    controller: GNMR | str | None = None
-    diagnostics_every: int = 10
-    gradient_reference: str = "same_point"
-    paired_run: bool = False
-    reference_recipe: str | Recipe = "fp32"
-    reference_seed: int | None = None
-    reference_data_seed: int | None = None
-    diagnostic_format: str = "fp8_e4m3"
-    val_every: int = 100
-    val_batches: int = 4
-    spike_factor: float = 100.0
-    checkpoint_every: int = 0
-    checkpoint_at: tuple[int, ...] = ()
+    width: int = knob(128, "student width d (hidden size of every residual block)")
+    depth: int = knob(4, "number L of residual blocks of the student")
+    act: str = knob("gelu", "activation of the student's MLP blocks", choices=ACTIVATIONS)
+    norm: str = knob("layernorm", "normalization before each block (layernorm_noaffine: LayerNorm without gain and "
+                     "bias)", choices=NORMS)
+    init: str = knob("pytorch", "weight init: pytorch (U(+-1/sqrt(fan_in))) or xavier_normal (scaled by init_gain)",
+                     choices=INITS)
+    init_gain: float = knob(0.5, "gain of the xavier_normal init")
+    teacher_width: int | None = knob(None, "teacher width (none: the student's)")
+    teacher_depth: int | None = knob(None, "teacher depth (none: the student's)")
+    teacher_act: str | None = knob(None, "teacher activation (none: the student's)", choices=ACTIVATIONS)
+    batch: int = knob(512, "rows per training batch (x ~ N(0, I), targets teacher(x) + noise)")
+    noise: float = knob(0.005, "standard deviation of the Gaussian noise added to the teacher's targets",
+                        kind=DYNAMIC)
+    optimizer: str = knob("adam", "optimizer (adam: beta1, beta2, adam_eps; sgd: momentum)", choices=OPTIMIZERS,
+                          intervene=True)
+    lr: float = knob(6e-4, "learning rate (peak of the schedule)", kind=DYNAMIC, intervene=True)
+    momentum: float = knob(0.0, "SGD momentum (0: plain SGD)", intervene=True)
+    beta1: float = knob(0.9, "Adam beta1", intervene=True)
+    beta2: float = knob(0.999, "Adam beta2", intervene=True)
+    adam_eps: float = knob(1e-8, "Adam epsilon", intervene=True)
+    schedule: str = knob("constant", "learning-rate schedule: constant, or cosine decay to lr_min over the run",
+                         choices=SCHEDULES, intervene=True)
+    lr_min: float = knob(0.0, "final learning rate of the cosine schedule", kind=DYNAMIC, intervene=True)
+    warmup_steps: int = knob(0, "steps of linear learning-rate warm-up", intervene=True)
+    steps: int = knob(1000, "training steps", kind=DYNAMIC, intervene=True)
+    seed: int = knob(0, "seed of the student's initial weights", kind=DYNAMIC)
+    data_seed: int = knob(0, "seed of the batches (batch t is a pure function of data_seed and t)", kind=DYNAMIC)
+    teacher_seed: int = knob(0, "seed of the frozen teacher's weights", kind=DYNAMIC)
+    recipe: str | Recipe = knob("fp32", "precision recipe: which tensors are MX-quantized and how (docs/recipes.md)",
+                                choices=_PRESET_NAMES, intervene=True)
+    dot: str = knob("f32", "CPU GEMMs of bf16-valued operands: f32 (float32 dots, reproducible) or bf16 "
+                    "(AVX512-BF16/AMX dots)", choices=_recipes.DOTS)
+    arch: str = knob("resmlp", "student architecture: resmlp (the paper's) or ngpt (hypersphere-normalized)",
+                     choices=ARCHS)
+    controller: GNMR | str | None = knob(None, "stability controller: none, gnmr, or gnmr:key=value,... "
+                                               "(e.g. gnmr:threshold=3,lock_steps=50)")
+    diagnostics_every: int = knob(10, "record the reference gradient, zeta bound, cosine and clamp statistics every "
+                                      "N steps (0: never)", intervene=True)
+    gradient_reference: str = knob("same_point", "reference gradient of the diagnostics: 'same_point' (same weights "
+                                                 "and batch) or 'paired_run' (the paired run's gradient, the paper's "
+                                                 "definition)", choices=GRADIENT_REFERENCES, intervene=True)
+    paired_run: bool = knob(False, "train the reference_recipe run alongside on the same batches (records ref_loss, "
+                                   "zeta_paper)", intervene=True)
+    reference_recipe: str | Recipe = knob("fp32", "recipe of the reference gradient and of the paired run",
+                                          choices=_PRESET_NAMES)
+    reference_seed: int | None = knob(None, "start the paired run from this init seed instead (a control; needs "
+                                            "paired_run)", kind=DYNAMIC)
+    reference_data_seed: int | None = knob(None, "feed the paired run this data seed's batches instead (a control; "
+                                                 "needs paired_run)", kind=DYNAMIC)
+    diagnostic_format: str = knob("fp8_e4m3", "MX element format that counts LN-gain clamping where the recipe does "
+                                              "not quantize them", choices=_MX_FORMATS, intervene=True)
+    val_every: int = knob(100, "held-out validation loss every N steps (a multiple of diagnostics_every; 0: never)",
+                          intervene=True)
+    val_batches: int = knob(4, "held-out batches of the validation loss")
+    spike_factor: float = knob(100.0, "a loss above this many times the previous step's is a divergence (the run "
+                                      "stops)", kind=DYNAMIC, intervene=True)
+    checkpoint_every: int = knob(0, "save the full train state every N steps (0: never; needed for interventions)",
+                                 kind=HOST, intervene=True)
+    checkpoint_at: tuple[int, ...] = knob((), "save the full train state at these steps (multiples of "
+                                              "diagnostics_every)", kind=HOST, intervene=True)
 
     def __post_init__(self):
         for f in dataclasses.fields(self):  # numpy scalars are welcome; store them as Python numbers
@@ -230,11 +245,9 @@ class Config:
         for name in ("teacher_width", "teacher_depth"):
             if getattr(self, name) is not None:
                 positive_int(name)
-        choice("act", ACTIVATIONS)
-        choice("dot", _recipes.DOTS)
-        choice("teacher_act", ACTIVATIONS, optional=True)
-        choice("norm", NORMS)
-        choice("arch", ARCHS)
+        for f in dataclasses.fields(self):  # the recipes and diagnostic_format are looked up below (aliases too)
+            if f.metadata["choices"] and f.name not in _LOOKED_UP:
+                choice(f.name, f.metadata["choices"], optional=f.default is None)
         if isinstance(self.controller, str) and self.controller.strip().lower() in ("none", "off"):
             object.__setattr__(self, "controller", None)
         elif isinstance(self.controller, str):
@@ -244,10 +257,6 @@ class Config:
         elif self.controller is not None and not isinstance(self.controller, GNMR):
             raise ValueError(f"controller must be None, a GNMR or a string such as 'gnmr:threshold=3', "
                              f"got {self.controller!r}")
-        choice("init", INITS)
-        choice("optimizer", OPTIMIZERS)
-        choice("schedule", SCHEDULES)
-        choice("gradient_reference", GRADIENT_REFERENCES)
         positive_float("lr")
         positive_float("init_gain")
         positive_float("adam_eps")
@@ -386,12 +395,24 @@ def _check_types(config: Config) -> None:
             raise ValueError(f"{f.name} must be True or False, got {v!r} ({type(v).__name__})")
 
 
-def _field_list() -> str:
-    missing = sorted(set(Config.field_names()) - set(FIELD_DOCS))
-    if missing:  # a new field needs its one-line doc (the CLI's help prints it)
-        raise RuntimeError(f"Config fields without a line in FIELD_DOCS: {missing}")
-    return "\n".join(f"      {name}: {FIELD_DOCS[name]}" for name in Config.field_names())
+FIELD_DOCS: dict[str, str] = {f.name: f.metadata["doc"] for f in dataclasses.fields(Config)}
+"""One line per field: what it sets (the CLI's ``--help``, Config's docstring)."""
+
+CHOICES: dict[str, tuple[str, ...]] = {f.name: f.metadata["choices"] for f in dataclasses.fields(Config)
+                                       if f.metadata["choices"]}
+"""The valid names of every field that takes one of a list."""
+
+INTERVENABLE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Config) if f.metadata["intervene"])
+"""The fields :func:`mx_proxy.intervene` may change; the model, data and seeds
+stay the parent's so that the continued run sees the same weights' shapes and batches."""
+
+
+def fields_of_kind(kind: str) -> tuple[str, ...]:
+    """The names of the fields of one kind (:data:`STATIC`, :data:`DYNAMIC`, :data:`HOST`), in declaration order."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown field kind {kind!r}; valid: {', '.join(KINDS)}")
+    return tuple(f.name for f in dataclasses.fields(Config) if f.metadata["kind"] == kind)
 
 
 Config.__doc__ = (Config.__doc__ or "").rstrip() + "\n\n    Fields (``FIELD_DOCS``; the CLI's ``--help`` prints the same lines):\n" \
-    + _field_list() + "\n"
+    + "\n".join(f"      {name}: {doc}" for name, doc in FIELD_DOCS.items()) + "\n"

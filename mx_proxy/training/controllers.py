@@ -83,7 +83,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["GNMR", "GNMRState", "ACTIONS", "UNIT_KINDS", "PARAM_UNITS", "init", "promoted", "update",
-           "unit_names", "unit_norms", "events", "EVENT_COLUMNS"]
+           "unit_names", "unit_norms", "events", "EVENT_COLUMNS", "UnitSelector", "selector"]
 
 ACTIONS = ("bf16", "fp32")
 UNIT_KINDS = ("ln", "gemm")
@@ -323,6 +323,52 @@ def unit_norms(grads) -> jax.Array:
                 sq[kind] = sq[kind] + jnp.sum(jnp.square(jnp.asarray(leaf, jnp.float32)))
         out.extend(jnp.sqrt(sq[kind]) for kind in UNIT_KINDS)
     return jnp.stack(out)
+
+
+# -- the engine's seam -----------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class UnitSelector:
+    """The per-unit precision selector the engine plugs a controller in by.
+
+    The engine knows nothing of GNMR: it asks :meth:`init` for a traced state
+    (kept in ``TrainState.ctrl``), :meth:`mask` for the (depth, 2) boolean
+    array the student reads (``promote``: per block, its normalization unit
+    and its GEMM unit run ``high_recipe``), and after the step :meth:`update`
+    for the next state and the metrics to record. ``high_recipe``: the preset
+    name a selected unit runs.
+    """
+
+    controller: GNMR
+    depth: int
+
+    @property
+    def high_recipe(self) -> str:
+        return self.controller.action
+
+    def init(self) -> GNMRState:
+        return init(self.controller, 2 * self.depth)
+
+    def mask(self, state: GNMRState) -> jax.Array:
+        """(depth, 2) bool: the units that run ``high_recipe`` at the coming step."""
+        return promoted(state).reshape(self.depth, 2)
+
+    def update(self, state: GNMRState, grads, mask) -> tuple[GNMRState, dict[str, jax.Array]]:
+        """(state for the next step, metrics) after a step run under ``mask``
+        with student gradients ``grads``: per unit ``gnmr/unit``,
+        ``delta_gnmr/unit``, ``promoted/unit`` (the mask in force) and
+        ``low_precision_frac``, the share of GEMM units that ran the run's own recipe."""
+        new, info = update(self.controller, state, unit_norms(grads))
+        return new, {
+            "gnmr/unit": info["gnmr"],
+            "delta_gnmr/unit": info["delta_gnmr"],
+            "promoted/unit": mask.reshape(-1),
+            "low_precision_frac": 1.0 - jnp.mean(mask[:, 1].astype(jnp.float32)),
+        }
+
+
+def selector(controller: GNMR | None, depth: int) -> UnitSelector | None:
+    """The selector of a run's ``Config.controller`` (``None`` without one)."""
+    return None if controller is None else UnitSelector(controller, depth)
 
 
 # -- host side -----------------------------------------------------------------

@@ -2,12 +2,16 @@
 
 Everything static about a config (model definitions, recipe, optimizer kind,
 diagnostics period) lives in a cached :class:`Program`; everything a sweep may
-vary without recompiling (learning rate, seeds, noise, spike factor, number
-of steps) is a traced :class:`Dynamic`. One segment of steps is one compiled
-call: ``diagnostics_every`` = P splits it into periods of one diagnostic step
-(reference gradient, ‖ζ‖ bound, cosine, clamp statistics) followed by P − 1
-plain steps, so no ``lax.cond`` is needed (under ``vmap`` a cond would run
-both branches).
+vary without recompiling (the ``kind=DYNAMIC`` fields: learning rate, seeds,
+noise, spike factor, number of steps) is a traced :class:`Dynamic`. One
+segment of steps is one compiled call, a ``lax.scan`` over one step body.
+Every ``diagnostics_every``-th step is a diagnostic step (reference
+gradient, ‖ζ‖ bound, cosine, clamp statistics): the diagnostics sit in a
+``lax.cond`` on ``t % P == 0`` whose other branch gives NaN of the same
+shapes, so the plain steps skip their cost on one device (under a sweep's
+``vmap`` a cond runs both branches and selects). A run with a controller
+has one more ``lax.cond``: the step with some unit promoted, or the plain
+step (see :meth:`Program._step`).
 
 A step that produces a non-finite loss, or a loss above ``spike_factor`` ×
 the previous one, marks the run diverged at that step; from then on the
@@ -26,29 +30,25 @@ traced state inside the scan (see :mod:`mx_proxy.training.controllers`).
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from mx_proxy.nn import architectures
 from mx_proxy.nn.resmlp import Teacher
 from mx_proxy.numerics.quantize import MXSpec
 from mx_proxy.numerics.recipe import PRESETS
-from mx_proxy.training import controllers, data, diagnostics
-from mx_proxy.training.config import Config
+from mx_proxy.training import controllers, data, diagnostics, optimizer
+from mx_proxy.training.config import DYNAMIC, HOST, Config, fields_of_kind
 
-__all__ = ["Dynamic", "TrainState", "Program", "program_for", "dynamic_for", "static_key", "compiler_options",
-           "scale_by_adam"]
+__all__ = ["Dynamic", "TrainState", "Program", "program_for", "dynamic_for", "static_key", "compiler_options"]
 
-# Config fields a sweep can vary inside one compiled program.
-DYNAMIC_FIELDS = ("lr", "lr_min", "noise", "spike_factor", "seed", "data_seed", "teacher_seed", "steps",
-                  "reference_seed", "reference_data_seed")
-# Config fields only the host loop reads (checkpointing): they never change the compiled program.
-HOST_FIELDS = ("checkpoint_every", "checkpoint_at")
+# Config fields a sweep varies inside one compiled program, and those only the host loop reads
+# (checkpointing; they never change the compiled program): the kinds their knob() declarations give.
+DYNAMIC_FIELDS = fields_of_kind(DYNAMIC)
+HOST_FIELDS = fields_of_kind(HOST)
 # Folded into the seed's key to make the stochastic-rounding stream (apart from init).
 ROUNDING_STREAM = 0x5EED
 _VAL_STEP = 0x7FFFFFFF  # the rounding "step" of validation passes (training steps never reach it)
@@ -68,30 +68,6 @@ def compiler_options(config: Config | None = None) -> dict | None:
     if jax.default_backend() != "cpu" or (config is not None and config.dot == "bf16"):
         return None
     return {"xla_cpu_experimental_ynn_fusion_type": ""}
-
-
-def scale_by_adam(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
-    """Adam's update direction (optax's ``scale_by_adam`` state and maths), with
-    the bias corrections applied as multiplications by per-step scalars:
-    written as divisions by a broadcast scalar, XLA rewrites them differently
-    with and without a vmapped member axis (a reciprocal in one case, a merged
-    divisor in the other), which changes the last bit of updates."""
-
-    def init(params):
-        return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=jax.tree.map(jnp.zeros_like, params),
-                                      nu=jax.tree.map(jnp.zeros_like, params))
-
-    def update(grads, state, params=None):
-        del params
-        mu = jax.tree.map(lambda g, m: (1 - b1) * g + b1 * m, grads, state.mu)
-        nu = jax.tree.map(lambda g, v: (1 - b2) * (g * g) + b2 * v, grads, state.nu)
-        count = optax.safe_increment(state.count)
-        c1 = 1.0 / (1.0 - b1 ** count.astype(jnp.float32))
-        c2 = 1.0 / (1.0 - b2 ** count.astype(jnp.float32))
-        updates = jax.tree.map(lambda m, v: (m * c1) / (jnp.sqrt(v * c2) + eps), mu, nu)
-        return updates, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
-
-    return optax.GradientTransformation(init, update)
 
 
 class Dynamic(NamedTuple):
@@ -149,8 +125,7 @@ def dynamic_for(config: Config) -> Dynamic:
 def static_key(config: Config) -> Config:
     """The config with every dynamic field at its default: equal keys share a Program."""
     defaults = Config()
-    fields = DYNAMIC_FIELDS + tuple(f for f in HOST_FIELDS if hasattr(defaults, f))
-    key = config.replace(**{f: getattr(defaults, f) for f in fields})
+    key = config.replace(**{f: getattr(defaults, f) for f in DYNAMIC_FIELDS + HOST_FIELDS})
     if config.reference_data_seed is not None:  # the paired run draws its own batches: a different program
         key = key.replace(reference_data_seed=0)
     return key
@@ -178,32 +153,40 @@ def _where(cond, new, old):
 
 
 class Program:
-    """Compiled pieces for one static configuration (see :func:`program_for`)."""
+    """The pure functions of one static configuration (:func:`static_key`;
+    :func:`program_for` caches one per key), which the runner jits and compiles.
+
+    It holds the student and reference networks (Flax modules of the recipe
+    and reference recipe), the frozen teacher, the optimizer direction
+    (:mod:`mx_proxy.training.optimizer`), the controller and the clamp-counting
+    specs; its methods are :meth:`init` (state and teacher of one run),
+    :meth:`segment` (``n`` steps in one ``lax.scan``), :meth:`val_loss`, and
+    the step's parts that :mod:`mx_proxy.training.twins` reuses
+    (:meth:`reference_step`, :meth:`student_step`, :meth:`finish_step`). The
+    batches come from :mod:`mx_proxy.training.data`, the diagnostic metrics
+    from :mod:`mx_proxy.training.diagnostics`.
+    """
 
     def __init__(self, config: Config):
         c = self.config = static_key(config)
         self.recipe = c.recipe.with_dot(c.dot)
         kw = dict(width=c.width, depth=c.depth, act=c.act, norm=c.norm, init_scheme=c.init, init_gain=c.init_gain)
-        self.controller = c.controller
-        high = PRESETS[c.controller.action].with_dot(c.dot) if c.controller is not None else None
+        # a controller plugs in as a per-unit precision selector (the mask the student reads)
+        self.selector = controllers.selector(c.controller, c.depth)
+        high = PRESETS[self.selector.high_recipe].with_dot(c.dot) if self.selector is not None else None
         self.student = architectures.student(c.arch, recipe=self.recipe, high_recipe=high, **kw)
         self.reference = architectures.student(c.arch, recipe=c.reference_recipe.with_dot(c.dot), **kw)
         self.normalize = architectures.weight_projection(c.arch)
         self.stochastic = c.recipe.stochastic
         tw, td, ta = c.teacher
         self.teacher = Teacher(width=c.width, hidden=tw, depth=td, act=ta)
-        if c.optimizer == "adam":
-            self.tx = scale_by_adam(c.beta1, c.beta2, c.adam_eps)
-        elif c.momentum:
-            self.tx = optax.trace(decay=c.momentum)
-        else:
-            self.tx = optax.identity()
+        self.tx = optimizer.direction(c)
         self.period = c.diagnostics_every
         self.paired = c.has_paired_run
         self.same_point = c.gradient_reference == "same_point"
         self.ref_own_data = c.reference_data_seed is not None
         # the run is its own same-point reference: reuse its gradient (ζ exactly 0, cosine exactly 1)
-        self.self_reference = c.recipe == c.reference_recipe and c.controller is None
+        self.self_reference = c.recipe == c.reference_recipe and self.selector is None
         rs = self.recipe
         self.ln_spec = _diagnostic_spec(rs.weight_spec or MXSpec(c.diagnostic_format))
         self.act_spec = _diagnostic_spec(rs.fwd_x or rs.weight_spec or MXSpec(c.diagnostic_format))
@@ -224,21 +207,13 @@ class Program:
             if self.normalize is not None:
                 ref = self.normalize(ref)
             state = state._replace(ref_params=ref, ref_opt=self.tx.init(ref))
-        if self.controller is not None:
-            state = state._replace(ctrl=controllers.init(self.controller, 2 * c.depth))
+        if self.selector is not None:
+            state = state._replace(ctrl=self.selector.init())
         return state, teacher
 
     def lr_at(self, dyn: Dynamic, t):
-        """Learning rate of step t: warm-up, then constant or cosine to lr_min."""
-        c = self.config
-        t = jnp.asarray(t, jnp.float32)
-        lr = dyn.lr
-        if c.schedule == "cosine":
-            frac = jnp.clip(t / jnp.maximum(dyn.total_steps, 1.0), 0.0, 1.0)
-            lr = dyn.lr_min + 0.5 * (dyn.lr - dyn.lr_min) * (1.0 + jnp.cos(math.pi * frac))
-        if c.warmup_steps:
-            lr = lr * jnp.minimum(1.0, (t + 1.0) / c.warmup_steps)
-        return lr
+        """Learning rate of step t (:func:`mx_proxy.training.optimizer.learning_rate`)."""
+        return optimizer.learning_rate(self.config, dyn.lr, dyn.lr_min, dyn.total_steps, t)
 
     def _batch(self, dyn, teacher, t, reference: bool = False):
         """(x, y) of step t; ``reference``: the paired run's batch (its own data key)."""
@@ -264,18 +239,11 @@ class Program:
         return jax.random.fold_in(base, t)
 
     def _update(self, tx_state, params, grads, lr):
-        updates, opt = self.tx.update(grads, tx_state, params)
-        updates = jax.tree.map(lambda u: -lr * u, updates)
-        new = optax.apply_updates(params, updates)
-        if self.normalize is not None:
-            new = self.normalize(new)
-        return new, opt, updates
+        return optimizer.apply(self.tx, tx_state, params, grads, lr, self.normalize)
 
     def _promote(self, state: TrainState):
         """The (depth, 2) promotion mask in force for this step, or ``None``."""
-        if self.controller is None:
-            return None
-        return controllers.promoted(state.ctrl).reshape(self.config.depth, 2)
+        return None if self.selector is None else self.selector.mask(state.ctrl)
 
     def _step(self, state: TrainState, t, dyn: Dynamic, teacher):
         """One training step at (traced) step ``t``; a diagnostic step when
@@ -350,16 +318,10 @@ class Program:
             "update_norm": diagnostics.global_norm(updates),
             "grad_norm/block": diagnostics.per_block(diagnostics.global_norm, grads),
         }
-        if self.controller is not None:
-            ctrl, info = controllers.update(self.controller, state.ctrl, controllers.unit_norms(grads))
+        if self.selector is not None:
+            ctrl, selected = self.selector.update(state.ctrl, grads, promote)
             new_state = new_state._replace(ctrl=_where(ok, ctrl, state.ctrl))
-            metrics.update({
-                "gnmr/unit": info["gnmr"],
-                "delta_gnmr/unit": info["delta_gnmr"],
-                "promoted/unit": promote.reshape(-1),
-                # the blocks' GEMM units running the run's own recipe (not promoted)
-                "low_precision_frac": 1.0 - jnp.mean(promote[:, 1].astype(jnp.float32)),
-            })
+            metrics.update(selected)
         if ref is not None:
             ref_loss, ref_norm, (zeta_paper, cosine_paper), rp, ro = ref
             ref_ok = jnp.isfinite(ref_loss)

@@ -9,7 +9,7 @@ takes the reference step once (:meth:`mx_proxy.training.engine.Program.reference
 and then each student's step against it with that student's own
 :class:`~mx_proxy.training.engine.Program` (:meth:`~mx_proxy.training.engine.Program.student_step`,
 :meth:`~mx_proxy.training.engine.Program.finish_step`), so each member's metrics and
-state are those of its separately paired run (``tests/test_twins.py``
+state are those of its separately paired run (``tests/training/test_twins.py``
 checks them bit for bit). Member ``i`` of a :class:`TwinState` is an ordinary
 paired :class:`~mx_proxy.training.engine.TrainState` (:func:`member`): its checkpoints,
 store entries, resumption and interventions are those of a paired run.

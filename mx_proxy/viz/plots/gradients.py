@@ -205,7 +205,6 @@ def mitigations(runs, smooth: int | None = None):
     rx = rx[len(rx) - len(ry):]
     for r in runs:
         c = color(r.config.recipe.name)
-        name = r.config.recipe.name
         x, y = _series(r, "loss")
         if ref is None:
             _plot_smoothed(a1, x, y, smooth, color=c, lw=1.1, label=_run_label(r, "recipe"))
@@ -244,52 +243,53 @@ def _intervention(run):
 def interventions(parent, children, labels=None, smooth: int | None = None, title: str | None = None):
     """Paper Fig. 7: a run and its in-situ interventions, resumed from its
     checkpoints with a changed recipe on the same batches. One column per
-    intervention step (early, late); top: loss (zoomed on the steps after the
-    intervention), bottom: ‖ζ‖ bound. A grey line marks the step; children
-    are drawn from it on."""
+    intervention step (early, late); top: each child's training loss
+    relative to the unchanged parent's on the same steps (in %, smoothed;
+    the parent is the 0 line: on a log axis every curve coincides, the
+    difference is the information), bottom: the ‖ζ‖ bound of the parent and
+    of each child after the step (a grey line marks it). One legend, below
+    the panels."""
     children = list(children)
     info = [_intervention(c) for c in children]
     labels = labels or [name for _, name in info]
     steps = sorted({at for at, _ in info if at is not None})
     smooth = _auto_smooth([parent], smooth)
     ncol = max(1, len(steps))
-    fig, axes = plt.subplots(2, ncol, figsize=(5.6 * ncol, 6.4), squeeze=False, sharex=True)
-    pc = color(parent.config.recipe.name)
+    fig, axes = plt.subplots(2, ncol, figsize=(5.6 * ncol, 6.0), squeeze=False, sharex=True)
+    pname = parent.config.recipe.name
+    pc = color(pname)
+    px, py = _series(parent, "loss")
+    pys = _smooth(py, smooth)
+    pxs = px[len(px) - len(pys):]
+    by_step = dict(zip(pxs.tolist(), pys))
     for j, at in enumerate(steps or [None]):
         a_loss, a_zeta = axes[0, j], axes[1, j]
-        x, y = _series(parent, "loss")
-        _plot_smoothed(a_loss, x, y, smooth, color=pc, lw=1.6, label=f"{parent.config.recipe.name} (no change)")
+        a_loss.axhline(0.0, color=pc, lw=1.6, label=f"{pname} (no change: the 0 line)")
         _mark_divergence(a_loss, parent, pc)
         x, y = _series(parent, "zeta_bound")
-        _trend(a_zeta, x, y, pc, f"{parent.config.recipe.name} (no change)")
-        after = [y[x >= (at or 0)] for x, y in [_series(parent, "loss")]]
+        _trend(a_zeta, x, y, pc, f"{pname} (no change: the 0 line)")
         for c, (cat, _), lab in zip(children, info, labels):
             if cat != at:
                 continue
             col = color(lab)
             x, y = _series(c, "loss")
-            keep = x >= (at or 0) - smooth
-            after.append(y[x >= (at or 0)])
+            keep = x >= (at or 0)
+            ys = _smooth(y[keep], smooth)
+            xs = x[keep][len(x[keep]) - len(ys):]
+            ref = np.array([by_step.get(int(t), np.nan) for t in xs])
             xz, yz = _series(c, "zeta_bound")
             zkeep = xz >= (at or 0)
             zero = not np.any(yz[zkeep] > 0)
-            _plot_smoothed(a_loss, x[keep], y[keep], smooth, color=col, lw=1,
-                           label=lab + (" (‖ζ‖ = 0 after)" if zero else ""))
+            name = lab + (" (‖ζ‖ = 0 after)" if zero else "")
+            a_loss.plot(xs, 100 * (ys / ref - 1), color=col, lw=1.1, label=name)
             _mark_divergence(a_loss, c, col)
             if not zero:
-                _trend(a_zeta, xz[zkeep], yz[zkeep], col, lab)
-        finite = np.concatenate([_smooth(a, smooth) for a in after if len(a)] or [np.array([])])
-        finite = finite[np.isfinite(finite)]
-        if len(finite) and at is not None:  # zoom on the steps after the intervention
-            lo, hi = float(finite.min()), float(finite.max())
-            a_loss.set_ylim(lo / 1.15, hi * 1.15)
+                _trend(a_zeta, xz[zkeep], yz[zkeep], col, name)
         for ax in (a_loss, a_zeta):
             if at is not None:
                 ax.axvline(at, color="0.6", lw=1)
         a_loss.set_title(f"intervention at step {at}" if at is not None else "interventions", fontsize=10)
-        a_loss.set_yscale("log")
-        a_loss.set_ylabel("training loss" + (f" ({smooth}-step mean)" if smooth > 1 else ""))
+        a_loss.set_ylabel(f"loss relative to {pname} [%]" + (f"\n({smooth}-step means)" if smooth > 1 else ""))
         _zeta_axis(a_zeta)
         a_zeta.set_xlabel("step")
-        a_loss.legend(fontsize=7)
-    return finish(fig, title or "In-situ interventions, early and late")
+    return finish(fig, title or "In-situ interventions, early and late", legend_axes=list(axes.ravel()), ncol=3)

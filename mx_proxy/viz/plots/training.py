@@ -6,17 +6,22 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from mx_proxy.viz.plots.style import (NORM_LABELS, _auto_smooth, _blowup, _color_for, _label, _mark_divergence,
-                                      _plot_smoothed, _run_label, _series, color, finish)
+                                      _plot_smoothed, _series, color, finish)
 
 
 def loss_grid(runs, panel_by="lr", color_by="recipe", column: str = "loss", smooth: int | None = None,
               title: str | None = None, logy: bool = True, ncols: int = 3, ymax: float | None = 10.0):
     """Curves of ``column`` over steps: one panel per value of ``panel_by``
     (a Config field, or a function of a run), one line per ``color_by``.
-    A dotted vertical line marks each run's divergence step; the legend names
-    any divergence or 10× blow-up (see :func:`mx_proxy.experiments.paper.instability`).
-    ``smooth``: moving-average window in steps (``None``: ~1/150 of the run);
-    ``ymax``: top of a log axis (blow-ups run off it; ``None``: automatic)."""
+    Instabilities are marked on the curves, in the run's colour: a triangle
+    at the top of the panel at a 10× blow-up (the loss 10× above its recent
+    minimum, :func:`mx_proxy.experiments.analysis.instability`), a dotted
+    vertical line at a divergence (the run stopped). One legend, below the
+    panels. ``smooth``: moving-average window in steps (``None``: ~1/150 of
+    the run); ``ymax``: top of a log axis (blow-ups run off it; ``None``:
+    automatic)."""
+    from matplotlib.lines import Line2D
+
     runs = list(runs)
     smooth = _auto_smooth(runs, smooth)
     panels: dict[str, list] = {}
@@ -26,17 +31,27 @@ def loss_grid(runs, panel_by="lr", color_by="recipe", column: str = "loss", smoo
     ncols = min(ncols, n)
     nrows = -(-n // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.2 * nrows), squeeze=False, sharey=True)
+    blew = stopped = False
     for ax, (name, group) in zip(axes.flat, panels.items()):
         for r in group:
             x, y = _series(r, column)
-            col = _color_for(r, color_by)
-            _plot_smoothed(ax, x, y, smooth, color=col, lw=1.1, label=_run_label(r, color_by))
-            _mark_divergence(ax, r, col or "k")
+            col = _color_for(r, color_by) or "k"
+            _plot_smoothed(ax, x, y, smooth, color=col, lw=1.1, label=_label(r, color_by))
+            _mark_divergence(ax, r, col)
+            stopped |= r.diverged_at is not None
+            at = _blowup(r)["blowup_at"] if r.diverged_at is None else None
+            if at is not None:
+                ax.plot([at], [0.97], "v", color=col, ms=7, transform=ax.get_xaxis_transform(), clip_on=False)
+                blew = True
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("step")
         if logy:
             ax.set_yscale("log")
-        ax.legend(fontsize=7)
+    if blew:
+        axes.flat[0].add_line(Line2D([], [], ls="none", marker="v", color="0.3", ms=7,
+                                     label="▼ loss 10× its recent minimum (blow-up)"))
+    if stopped:
+        axes.flat[0].add_line(Line2D([], [], ls=":", color="0.3", lw=1, label="diverged (run stopped)"))
     ylabel = column.replace("_", " ") + (f" ({smooth}-step mean)" if smooth > 1 else "")
     if logy and ymax is not None:  # blow-ups run off the top rather than squash the plateaus
         lo, hi = axes[0, 0].get_ylim()
@@ -45,7 +60,7 @@ def loss_grid(runs, panel_by="lr", color_by="recipe", column: str = "loss", smoo
         ax.set_ylabel(ylabel)
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
-    return finish(fig, title)
+    return finish(fig, title, legend_axes=list(axes.flat)[:n], ncol=5)
 
 
 def lr_sweep(runs, column: str = "loss", smooth: int | None = None, title: str | None = None):
@@ -77,10 +92,7 @@ def lr_summary(runs):
     ax.set_yscale("log")
     ax.set_xlabel("learning rate")
     ax.set_ylabel("final training loss")
-    ax.set_title("Final loss versus learning rate")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+    return finish(fig, "Final loss versus learning rate", legend_axes=[ax], ncol=4)
 
 
 def ablations(runs, column: str = "loss", smooth: int | None = None):
@@ -120,7 +132,6 @@ def spikes_vs_shape(runs):
                 ax.bar(pos + j * w, vals, w, color=color(name), label=name)
         ax.set_xticks(pos + 0.4 - w / 2)
         ax.set_xticklabels([f"depth {d}\nwidth {wd}" for d, wd in keys], fontsize=8)
-        ax.legend(fontsize=7)
     total = sum(v["spikes"] for row in rows.values() for v in row.values())
     if total == 0:
         a1.text(0.5, 0.5, "no spikes in any run", transform=a1.transAxes, ha="center", va="center", color="0.4")
@@ -131,9 +142,7 @@ def spikes_vs_shape(runs):
     a2.set_ylim(1, max(20, a2.get_ylim()[1]))
     a2.set_ylabel("largest loss / recent-minimum ratio")
     a3.set_ylabel("median ‖ζ‖ bound")
-    fig.suptitle("Instability versus depth and width")
-    fig.tight_layout()
-    return fig
+    return finish(fig, "Instability versus depth and width", legend_axes=[a1], ncol=6)
 
 
 def sgd_momentum(runs, smooth: int | None = None):

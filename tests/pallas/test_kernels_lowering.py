@@ -6,7 +6,7 @@ XLA custom call ``__gpu$xla.gpu.triton``; ``mx_proxy.pallas.compile_check.triton
 pulls every module out, runs the MLIR verifier and returns its text. That
 catches unsupported primitives, non-power-of-two shapes, dtype and layout
 mistakes. Taking the TTIR on to PTX and cubin (registers, spills, shared
-memory) needs Triton's own compiler: ``tests/test_kernels_ptx.py``. From
+memory) needs Triton's own compiler: ``tests/pallas/test_kernels_ptx.py``. From
 jaxlib 0.10.3 on, Pallas compiles TTIR during lowering through a handler only
 the CUDA plugin registers; on a CPU-only install of such a jaxlib these tests
 skip with that reason.

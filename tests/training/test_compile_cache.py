@@ -15,7 +15,7 @@ import pytest
 from mx_proxy.store import executables
 from mx_proxy.training import compile_cache
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # one small training run in a fresh process; prints what JAX compiled and loaded
 TRAIN = textwrap.dedent("""

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "mx_proxy"
 LAYERS = ("numerics", "pallas", "nn", "training", "store", "runner", "experiments", "viz", "cli")
 LEAVES = ("mx_proxy.version",)  # below every layer; import nothing of the project
@@ -187,3 +187,16 @@ def test_importing_the_lower_layers_is_light():
     seen = __import__("json").loads(out.stdout.strip().splitlines()[-1])
     light = dict(mpl=False, cache=None, training=False)
     assert seen == {"numerics": light, "nn": light}
+
+
+def test_the_tests_mirror_the_packages():
+    """One test folder per layer, named for it, plus ``integration/`` (library
+    vectors, notebooks, docs, this file) and ``data/``; no test file at the top."""
+    tests = ROOT / "tests"
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}
+    assert folders == set(LAYERS) | {"integration", "data"}, folders
+    assert not list(tests.glob("test_*.py"))
+    for layer in LAYERS:
+        assert list((tests / layer).glob("test_*.py")), f"tests/{layer}/ has no tests"
+    names = [p.name for p in tests.glob("*/test_*.py")]
+    assert len(names) == len(set(names)), "test file names must be unique (pytest's default import mode)"

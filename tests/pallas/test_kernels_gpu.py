@@ -1,6 +1,6 @@
 """Compiled kernels on a real NVIDIA GPU (skipped cleanly elsewhere).
 
-Run on a GPU machine: ``python -m pytest tests/test_kernels_gpu.py -v`` (or
+Run on a GPU machine: ``python -m pytest tests/pallas/test_kernels_gpu.py -v`` (or
 ``python scripts/gpu_kernels.py``, which runs this file first). Same checks as
 the interpreted tests, at sizes that span many tiles: quantized values bit
 for bit; products within :func:`mx_proxy.pallas.matmul.accumulation_tolerance`,

@@ -13,7 +13,7 @@ import pytest
 
 from mx_proxy.cli.main import build_parser
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOUR = (ROOT / "README.md").read_text().split("## A short tour", 1)[1].split("\n## ", 1)[0]
 PYTHON = TOUR.split("```python\n", 1)[1].split("```", 1)[0]
 BASH = TOUR.split("```bash\n", 1)[1].split("```", 1)[0]

@@ -1,6 +1,5 @@
 """Checkpoints (orbax), exact resume, in-situ interventions, the paired-run reference."""
 
-import dataclasses
 
 import numpy as np
 import pytest
@@ -117,7 +116,7 @@ def test_named_interventions():
     (dict(at_step=60), r"at_step 60 is beyond the run .*checkpoints at: \[20\]"),
     (dict(at_step=10), r"no checkpoint at step 10; checkpoints at: \[20\]"),
     (dict(at_step=20, apply="nope"), "unknown mitigation 'nope'; valid: fp32, ln_exempt"),
-    (dict(at_step=20, width=64), "cannot change mid-run.*changeable: recipe, lr"),
+    (dict(at_step=20, width=64), "cannot change mid-run.*changeable: optimizer, lr, .*recipe"),
     (dict(at_step=20, recipe="mxfp9"), "unknown recipe 'mxfp9'"),
     (dict(at_step=20, steps=20), r"steps \(20\) must exceed at_step"),
 ])

@@ -12,21 +12,6 @@ BASE = mxp.Config(width=32, depth=2, batch=64, steps=40, paired_run=True, diagno
 RECIPES = ["mxfp8_e4m3", "paper_e4m3", "mxfp6_e2m3"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def no_jax_cache():
-    """JAX's persistent compilation cache off for these programs: a pytest-xdist
-    worker reading a twin program's cached executable segfaulted in JAX's
-    deserializer (3 of 4 full test runs on 2026-12-01; not understood yet)."""
-    from jax.experimental.compilation_cache import compilation_cache as cc
-
-    was = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    cc.reset_cache()
-    yield
-    jax.config.update("jax_enable_compilation_cache", was)
-    cc.reset_cache()
-
-
 def _same(a, b):
     assert list(a.metrics.columns) == list(b.metrics.columns)
     for col in b.metrics.columns:

@@ -27,7 +27,7 @@ import mx_proxy as mxp
 from mx_proxy.nn import layers
 from mx_proxy.numerics import recipe as recipes
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 F32_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}  # mx_proxy.training.engine.compiler_options of a dot="f32" run
 
 
@@ -38,12 +38,12 @@ F32_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}  # mx_proxy.training.
 @pytest.mark.parametrize("flags", ["", "--xla_cpu_experimental_ynn_fusion_type=invalid"],
                          ids=["xla_default", "ynnpack_off"])
 def test_library_vectors_hold_on_both_cpu_dot_paths(flags):
-    """tests/test_library_vectors.py in a fresh process with XLA's default
+    """tests/integration/test_library_vectors.py in a fresh process with XLA's default
     flags (YNNPACK where it applies) and with YNNPACK forced off."""
     env = {**os.environ, "XLA_FLAGS": flags, "PYTHONPATH": str(ROOT)}
     env.pop("PYTEST_XDIST_WORKER", None)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-           "tests/test_library_vectors.py", "-k", "linear or layer_norm or student"]  # the dot-path-dependent ones
+           "tests/integration/test_library_vectors.py", "-k", "linear or layer_norm or student"]  # the dot-path-dependent ones
     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
     assert " passed" in res.stdout and "exactness:" in res.stdout

@@ -7,7 +7,7 @@ from pathlib import Path
 import mx_proxy as mxp
 from mx_proxy.numerics import recipe as recipes
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 
 

@@ -3,7 +3,6 @@ resumable sweeps, and every way an entry can be damaged, edited, stale,
 unwritable or raced."""
 
 import json
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -21,16 +20,7 @@ from mx_proxy.store import run_store as S
 # fp32 without diagnostics: the cheapest program to compile.
 BASE = mxp.Config(width=32, depth=2, batch=64, steps=40, diagnostics_every=0, val_every=20, recipe="fp32")
 AXES = dict(lr=[1e-3, 3e-3], seed=[0, 1])
-ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def trained():
-    """Configs actually trained (the timing-free hook)."""
-    log = []
-    runner.hooks.append(log.append)
-    yield log
-    runner.hooks.remove(log.append)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def same_metrics(a, b):
@@ -108,7 +98,7 @@ def test_an_edited_config_is_not_loaded_as_the_answer_to_another(tmp_path, train
 
 def test_a_stale_entry_is_kept_until_its_replacement_exists(tmp_path, trained, monkeypatch):
     first = mxp.train(BASE, store=tmp_path, progress=False)
-    monkeypatch.setattr(S, "_CODE", "0000000000000000")  # as if the numerics code had changed
+    monkeypatch.setattr(S, "code_version", lambda: "0000000000000000")  # as if the numerics code had changed
 
     def kill_before_saving(config):
         raise KeyboardInterrupt("killed after training, before saving")

@@ -1,11 +1,14 @@
 """Compiled programs kept on disk (mx_proxy.store.executables): keyed without tracing, loaded bit for bit, damaged
 entries recompiled, unwritable folders harmless."""
 
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import mx_proxy as mxp
 from mx_proxy.store import executables
 from mx_proxy.store.executables import CachedProgram
 
@@ -98,9 +101,32 @@ def test_no_folder_compiles_in_memory_only(monkeypatch):
     assert executables.stats["compiled"] == 1 and executables.stats["loaded"] == 0
 
 
-def test_source_version_hashes_the_packages():
-    v = executables.source_version()
-    assert len(v) == 16 and v == executables.source_version()
+def test_one_code_version_keys_programs_and_stored_runs():
+    from mx_proxy.store import run_store
+    from mx_proxy.training import code_version as cv
+
+    v = cv.code_version()
+    assert len(v) == 16 and v == run_store.code_version() == cv.digest(Path(mxp.__file__).parent)
+
+
+def test_the_code_version_covers_every_source_that_changes_numbers(tmp_path):
+    """An edit to the kernels, the numerics, the networks or the training layer
+    is a new version; an edit to the CLI or the figures is not."""
+    import shutil
+
+    from mx_proxy.training import code_version as cv
+
+    tree = tmp_path / "mx_proxy"
+    shutil.copytree(Path(mxp.__file__).parent, tree, ignore=shutil.ignore_patterns("__pycache__"))
+    before = cv.digest(tree)
+    for edited, changes in (("cli/main.py", False), ("viz/figures.py", False), ("pallas/quantize.py", True),
+                            ("numerics/mx/bits.py", True), ("nn/layers.py", True), ("training/twins.py", True)):
+        f = tree / edited
+        original = f.read_bytes()
+        f.write_bytes(original + b"\n# edited\n")
+        assert (cv.digest(tree) != before) == changes, edited
+        f.write_bytes(original)
+    assert cv.digest(tree) == before
 
 
 def test_an_executable_failing_its_first_call_is_replaced(kept, monkeypatch):
@@ -131,3 +157,51 @@ def test_a_program_jax_loaded_from_its_cache_is_not_kept(kept, tmp_path, monkeyp
     monkeypatch.setattr(jax.stages.Lowered, "compile", hit)
     _program()(X, np.float32(2), n=5)
     assert executables.stats["compiled"] == 1 and not kept.exists()
+
+
+def test_the_least_recently_used_programs_are_released_over_the_mapping_budget(monkeypatch):
+    """Each XLA:CPU executable holds memory mappings of its own and Linux caps them
+    per process (vm.max_map_count): over the budget, the oldest programs give
+    theirs up before a new one is made, and compile again, equal, when called."""
+    monkeypatch.setattr(executables, "folder", lambda: None)
+    executables.release_all()
+    executables.reset_stats()
+    a, b, c = _program("a"), _program("b"), _program("c")
+    want = a(X, np.float32(2), n=5)
+    b(X, np.float32(2), n=5)
+    assert executables.stats["released"] == 0
+    monkeypatch.setattr(executables, "map_usage", lambda: (10, 10))  # over any budget
+    c(X, np.float32(2), n=5)
+    assert executables.stats["released"] == 2 and list(executables._LIVE.values()) == [c]
+    got = a(X, np.float32(2), n=5)  # compiled again, and the same program
+    assert executables.stats["compiled"] == 4
+    for x, y in zip(want, got):
+        assert np.array_equal(x, y)
+    monkeypatch.setattr(executables, "map_usage", lambda: None)  # no /proc: at most MAX_LIVE programs
+    monkeypatch.setattr(executables, "MAX_LIVE", 1)
+    b(X, np.float32(2), n=5)
+    assert list(executables._LIVE.values()) == [b]
+
+
+def test_a_long_session_of_distinct_runs_stays_within_the_mapping_budget(monkeypatch):
+    """Without the budget, a worker process that had trained some sixty
+    distinct configs crashed inside XLA (no mappings left). Here the budget is
+    set just above this process's mappings: the runs keep training, their
+    mappings stay bounded, and the oldest programs were released."""
+    usage = executables.map_usage()
+    if usage is None:
+        pytest.skip("needs /proc/self/maps (Linux)")
+    import mx_proxy as mxp
+
+    monkeypatch.setattr(executables, "folder", lambda: None)
+    executables.reset_stats()
+    budget = usage[0] + 2500
+    monkeypatch.setattr(executables, "MAP_SHARE", budget / usage[1])
+    peak = 0
+    for width in (8, 12, 16, 20, 24):
+        run = mxp.train(mxp.Config(width=width, depth=1, batch=16, steps=10, recipe="mxfp8_e4m3", paired_run=True,
+                                   diagnostics_every=5, val_every=5), progress=False)
+        assert np.isfinite(run.final_loss)
+        peak = max(peak, executables.map_usage()[0])
+    assert executables.stats["released"] > 0
+    assert peak < budget + 1500  # the budget plus one paired run's programs

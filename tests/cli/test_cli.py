@@ -1,5 +1,6 @@
 """The ``mx-proxy`` command line: real runs, exit status 2 with a clear message on bad input."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import pytest
 
 from mx_proxy.cli.bench import BENCHMARKS
 from mx_proxy.cli.main import build_parser, main
-from mx_proxy.training.config import FIELD_DOCS, Config
+from mx_proxy.training.config import CHOICES, DYNAMIC, FIELD_DOCS, HOST, STATIC, Config, fields_of_kind
 
 
 def _cli(*args, tmp_path=None):
@@ -32,7 +33,7 @@ def test_train_writes_the_run_and_reloads_it(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["train", "--recipe", "mxfp9"], "invalid choice: 'mxfp9'"),
+    (["train", "--recipe", "mxfp9"], "unknown recipe 'mxfp9'; valid: fp32, bf16"),
     (["train", "--width", "0"], "width must be a positive integer"),
     (["train", "--lr", "fast"], "invalid float value"),
     (["train", "--act", "elu"], "valid: gelu, relu"),
@@ -92,3 +93,42 @@ def test_help_is_plain_terminal_text(argv, capsys):
 
 def test_controller_none_is_no_controller():
     assert Config(controller="none").controller is None
+
+
+def test_every_command_refuses_a_bad_name_with_configs_own_message(capsys):
+    """One builder for every command's Config options: the value is checked by
+    Config itself, so train, sweep and intervene say the same thing."""
+    from mx_proxy.cli.experiment_commands import main as experiments
+
+    def status(command, argv):
+        try:
+            return command(argv)
+        except SystemExit as e:
+            return e.code
+
+    said = []
+    for command, argv in ((main, ["train", "--act", "elu"]), (experiments, ["sweep", "--act", "elu", "relu"])):
+        assert status(command, argv) == 2
+        said.append(capsys.readouterr().err.strip().splitlines()[-1].split("error: ", 1)[1])
+    assert said[0] == said[1] == "unknown act 'elu'; valid: " + ", ".join(CHOICES["act"])
+
+
+def test_the_knob_declarations_decide_kinds_choices_and_interventions():
+    """Each field's kind, names and intervenability come from its knob() line alone."""
+    from mx_proxy.runner import interventions
+    from mx_proxy.training import engine
+
+    fields = {f.name: f for f in dataclasses.fields(Config)}
+    assert set(fields_of_kind(STATIC) + fields_of_kind(DYNAMIC) + fields_of_kind(HOST)) == set(fields)
+    assert engine.DYNAMIC_FIELDS == fields_of_kind(DYNAMIC) and engine.HOST_FIELDS == fields_of_kind(HOST)
+    assert interventions.INTERVENABLE_FIELDS == tuple(n for n, f in fields.items() if f.metadata["intervene"])
+    # a static field changes the program's key, a dynamic or host one does not
+    base = Config(width=32)
+    for name, value in (("act", "relu"), ("lr", 1e-3), ("seed", 7), ("checkpoint_every", 10)):
+        same = engine.static_key(base.replace(**{name: value})) == engine.static_key(base)
+        assert same == (fields[name].metadata["kind"] != STATIC), name
+    helps = {a.dest: a for a in _subparsers()["intervene"]._actions}
+    assert {n for n in fields if n in helps} == set(interventions.INTERVENABLE_FIELDS)
+    for name, valid in CHOICES.items():
+        assert f"one of: {', '.join(valid)}" in helps.get(name, _subparsers()["train"]._option_string_actions[
+            "--" + name.replace("_", "-")]).help

@@ -19,7 +19,7 @@ from nbclient import NotebookClient
 from mx_proxy.viz import plots
 from mx_proxy.viz.explore import TEXT_REPR
 
-NOTEBOOKS = sorted(pathlib.Path(__file__).resolve().parent.parent.joinpath("notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted(pathlib.Path(__file__).resolve().parents[2].joinpath("notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 # calls that create one matplotlib figure each: mxp.plots' figure functions and pyplot's figure makers
 PLOT_FUNCTIONS = frozenset(n for n in plots.__all__ if callable(getattr(plots, n))) - {"color"}

@@ -8,8 +8,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 
 import jax
 import ml_dtypes
@@ -26,16 +24,10 @@ from mx_proxy.store import checkpoint as C
 from mx_proxy.store import run_store as S
 from mx_proxy.training import memory
 
+from conftest import dead_pid
+
 # the cheapest program: one narrow block, no diagnostics, checkpoints every 5 steps
 BASE = mxp.Config(width=8, depth=1, batch=16, steps=20, diagnostics_every=0, val_every=0, checkpoint_every=5)
-
-
-@pytest.fixture
-def trained():
-    log = []
-    runner.hooks.append(log.append)
-    yield log
-    runner.hooks.remove(log.append)
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +45,6 @@ def fresh_store(tmp_path, stored):
     d = root / BASE.hash()
     shutil.copytree(stored.path, d)
     return root, d
-
-
-def dead_pid() -> int:
-    out = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    return int(out.stdout)
 
 
 # 1 ------------------------------------------------------------------------ damaged newest checkpoint
@@ -195,7 +182,7 @@ def test_direct_loads_refuse_an_edited_config(tmp_path, stored):
 
 def test_direct_loads_of_stale_code_warn_and_intervene_refuses(tmp_path, stored, monkeypatch, trained):
     root, d = fresh_store(tmp_path, stored)
-    monkeypatch.setattr(S, "_CODE", "0000000000000000")  # as if the numerics code had changed
+    monkeypatch.setattr(S, "code_version", lambda: "0000000000000000")  # as if the numerics code had changed
     with pytest.warns(S.StoreWarning, match="other numerics code"):
         parent = mxp.load(d)
     with pytest.raises(ValueError, match="other numerics code"):
@@ -241,6 +228,17 @@ def test_cli_damaged_checkpoint_names_the_file(tmp_path, stored, capsys):
 
 
 def test_ctrl_c_during_a_checkpoint_waits_until_it_is_whole(tmp_path, monkeypatch):
+    """Ctrl-C as a terminal delivers it to a Python program: SIGINT with Python's
+    default handler (a pytest-xdist worker starts with SIGINT ignored, so the
+    test installs the default handler for its duration)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _interrupt_a_checkpoint(tmp_path, monkeypatch)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupt_a_checkpoint(tmp_path, monkeypatch):
     state, _ = runner.init_state(BASE)
     real = C.ocp.StandardCheckpointer.save
 

@@ -31,9 +31,9 @@ import exactness
 from mx_proxy.nn import layers, resmlp as model
 from mx_proxy.numerics import recipe as recipes
 from mx_proxy.numerics.quantize import MXSpec, quantize
-from mx_proxy.training.engine import scale_by_adam
+from mx_proxy.training.optimizer import scale_by_adam
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def _load(name):
