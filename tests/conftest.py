@@ -42,6 +42,22 @@ def killed_run_folder(store, key) -> str:
     return os.path.join(store, f"{key}.partial-{dead_pid()}")
 
 
+def pytest_runtest_teardown(item, nextitem):
+    """Between test modules, give back the compiled programs of a worker that
+    holds many: every XLA:CPU executable keeps memory mappings of its own, and
+    a long-lived xdist worker that compiles hundreds of programs would
+    otherwise approach Linux's per-process cap (vm.max_map_count), where XLA
+    crashes. The library releases its own least recently used programs near
+    half the cap (mx_proxy.store.executables); here, at 40 %, everything goes."""
+    if nextitem is not None and nextitem.module is item.module or "mx_proxy.store.executables" not in sys.modules:
+        return
+    executables = sys.modules["mx_proxy.store.executables"]
+    usage = executables.map_usage()
+    if usage is not None and usage[0] > 0.4 * usage[1]:
+        executables.release_all()
+        sys.modules["jax"].clear_caches()
+
+
 def pytest_sessionfinish(session):
     """Collect the heap once, and freeze what survives, before an xdist worker
     reports that it has finished.

@@ -57,14 +57,17 @@ SUBDIR = "proxy-executables"
 _lock = threading.Lock()
 _warned = False
 
-stats: dict[str, float] = {"loaded": 0, "compiled": 0, "load_s": 0.0, "compile_s": 0.0, "released": 0}
+stats: dict[str, float] = {"loaded": 0, "compiled": 0, "load_s": 0.0, "compile_s": 0.0, "released": 0,
+                           "cleared": 0}
 """Counters of this process: executables loaded from disk and compiled
 (traced, lowered, compiled, written), with the seconds each took, and
-programs whose executables were released to stay within the mapping budget."""
+programs whose executables were released to stay within the mapping budget,
+and the times JAX's own caches were cleared for it (when no program of ours
+was left to release)."""
 
 
 def reset_stats() -> None:
-    stats.update(loaded=0, compiled=0, load_s=0.0, compile_s=0.0, released=0)
+    stats.update(loaded=0, compiled=0, load_s=0.0, compile_s=0.0, released=0, cleared=0)
 
 
 def folder() -> Path | None:
@@ -167,8 +170,9 @@ class CachedProgram:
 # programs holding executables are kept least recently used first, and before
 # a new executable is made the oldest are released while the process uses more
 # than MAP_SHARE of its mappings (elsewhere than Linux: until at most
-# MAX_LIVE programs, the new one included, hold one). A released program compiles or loads again
-# when called.
+# MAX_LIVE programs, the new one included, hold one). When only JAX's own
+# cached executables are left, JAX's caches are cleared. A released program
+# compiles or loads again when called.
 _LIVE: OrderedDict[int, CachedProgram] = OrderedDict()
 MAP_SHARE = 0.5
 MAX_LIVE = 48
@@ -193,11 +197,14 @@ def make_room(keep: CachedProgram | None = None) -> int:
     released = 0
     while True:
         others = [p for p in _LIVE.values() if p is not keep]
-        if not others:
-            return released
         usage = map_usage()
         over = len(others) >= MAX_LIVE if usage is None else usage[0] > MAP_SHARE * usage[1]
         if not over:
+            return released
+        if not others:  # the rest is JAX's own: executables cached for jitted functions (ours hold theirs)
+            if usage is not None:
+                jax.clear_caches()
+                stats["cleared"] += 1
             return released
         others[0].release()
         released += 1

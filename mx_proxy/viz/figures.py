@@ -191,7 +191,7 @@ FIGURE_DOCS = {
     "gradient_bias": "Fig. 4: the zeta bound and cosine of E4M3, E2M3 and FP4 over training",
     "ln_clamping": "Fig. 5 right: LN gains clamped, and exempting only the LN affine parameters",
     "mitigations": "Fig. 6: forward-only quantization and bf16 activations: loss relative to FP32, zeta, cosine",
-    "interventions": "Fig. 7: in-situ interventions from an early and a late checkpoint",
+    "interventions": "Fig. 7: in-situ interventions from an early and a late checkpoint: loss relative to the unchanged run, zeta",
     "spikes_vs_shape": "Fig. 9: loss spikes and zeta versus depth and width",
     "sgd_momentum": "Fig. 10: SGD with and without momentum",
     "init_ablation": "Fig. 11: PyTorch-default against lower-gain Xavier init",

@@ -177,6 +177,10 @@ def test_the_least_recently_used_programs_are_released_over_the_mapping_budget(m
     assert executables.stats["compiled"] == 4
     for x, y in zip(want, got):
         assert np.array_equal(x, y)
+    cleared, before = [], executables.stats["cleared"]
+    monkeypatch.setattr(jax, "clear_caches", lambda: cleared.append(1))
+    executables.make_room(keep=a)  # nothing of ours left to release: JAX's own caches go
+    assert cleared == [1] and executables.stats["cleared"] == before + 1
     monkeypatch.setattr(executables, "map_usage", lambda: None)  # no /proc: at most MAX_LIVE programs
     monkeypatch.setattr(executables, "MAX_LIVE", 1)
     b(X, np.float32(2), n=5)
