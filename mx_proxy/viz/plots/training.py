@@ -13,8 +13,8 @@ def loss_grid(runs, panel_by="lr", color_by="recipe", column: str = "loss", smoo
               title: str | None = None, logy: bool = True, ncols: int = 3, ymax: float | None = 10.0):
     """Curves of ``column`` over steps: one panel per value of ``panel_by``
     (a Config field, or a function of a run), one line per ``color_by``.
-    Instabilities are marked on the curves, in the run's colour: a triangle
-    at the top of the panel at a 10× blow-up (the loss 10× above its recent
+    Instabilities are marked in the run's colour: a triangle at the top of
+    the panel at its first 10× blow-up (the loss 10× above its recent
     minimum, :func:`mx_proxy.experiments.analysis.instability`), a dotted
     vertical line at a divergence (the run stopped). One legend, below the
     panels. ``smooth``: moving-average window in steps (``None``: ~1/150 of
@@ -49,7 +49,7 @@ def loss_grid(runs, panel_by="lr", color_by="recipe", column: str = "loss", smoo
             ax.set_yscale("log")
     if blew:
         axes.flat[0].add_line(Line2D([], [], ls="none", marker="v", color="0.3", ms=7,
-                                     label="▼ loss 10× its recent minimum (blow-up)"))
+                                     label="first blow-up: loss 10× its recent minimum"))
     if stopped:
         axes.flat[0].add_line(Line2D([], [], ls=":", color="0.3", lw=1, label="diverged (run stopped)"))
     ylabel = column.replace("_", " ") + (f" ({smooth}-step mean)" if smooth > 1 else "")
