@@ -14,11 +14,14 @@ _SEED_COLORS = ("#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02"
 
 
 def _system_style(system: str) -> dict:
-    """Bar style of a notebook-09 system: the colour of its recipe; nGPT
-    systems hatched ``//``, GNMR ones ``..``."""
+    """Bar style of a notebook-09 system: the colour of its recipe's family;
+    2-D tiles hatched ``xx``, nGPT systems ``//``, GNMR ones ``..``."""
     changes = SYSTEMS.get(system, {})
-    style = {"color": color(str(changes.get("recipe", system))), "edgecolor": "0.25", "lw": 0.6}
-    if changes.get("arch") == "ngpt":
+    recipe = str(changes.get("recipe", system))
+    style = {"color": color(recipe), "edgecolor": "0.25", "lw": 0.6}
+    if recipe.endswith("_2d"):
+        style["hatch"] = "xx"
+    elif changes.get("arch") == "ngpt":
         style["hatch"] = "//"
     elif changes.get("controller") is not None:
         style["hatch"] = ".."
