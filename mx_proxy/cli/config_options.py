@@ -41,7 +41,7 @@ def _type(f: dataclasses.Field):
         return parse_bool
     if ann.startswith("tuple"):
         return int
-    if ann in ("float",):
+    if ann == "float":
         return float
     if ann in ("int", "int | None"):
         return int

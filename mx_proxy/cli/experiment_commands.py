@@ -83,8 +83,10 @@ def sweep_axes(args) -> tuple[Config, dict]:
     one value go into the base config, fields given several are axes."""
     base, axes = {}, {}
     for name, v in config_changes(args).items():
-        if name == "checkpoint_at" or len(v) == 1:
-            base[name] = v if name == "checkpoint_at" else v[0]
+        if name == "checkpoint_at":  # one tuple of steps, never an axis
+            base[name] = v
+        elif len(v) == 1:
+            base[name] = v[0]
         else:
             axes[name] = list(v)
     return Config(**base), axes

@@ -2,14 +2,17 @@
 
 A compiled training program is traced from the numerics (formats, MX bits,
 quantize, recipes), the Pallas kernels (the ``"pallas"`` backend), the
-networks and the training layer (config, data, engine, diagnostics,
-controllers, twins); nothing above ``training/`` is traced into a program
-or decides its inputs. So the version hashes every ``.py`` file of those four
-subpackages, and it is the one key both places that must notice a code
-change use: the run store (a run made by other code is stale and trains
-again, a checkpoint of other code is not continued) and the on-disk compiled
-programs (:mod:`mx_proxy.store.executables`).
-"""
+networks, the training layer (config, data, engine, diagnostics,
+controllers, twins) and the host loop's program wrappers
+(``runner/programs.py``: a sweep's member axis, ``lax.map`` or ``vmap``);
+the host loop also decides each segment's steps and checkpoints. Nothing
+else (store, experiments, figures, CLI) is traced into a program or decides
+its inputs. So the version hashes every ``.py`` file of those five
+subpackages (read as bytes: this module imports none of them), and it is the
+one key both places that must notice a code change use: the run store (a
+run made by other code is stale and trains again, a checkpoint of other
+code is not continued) and the on-disk compiled programs
+(:mod:`mx_proxy.store.executables`)."""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from pathlib import Path
 
 __all__ = ["code_version", "digest", "SOURCES"]
 
-SOURCES = ("numerics", "pallas", "nn", "training")
+SOURCES = ("numerics", "pallas", "nn", "training", "runner")
 """The subpackages of ``mx_proxy`` whose source decides a run's numbers."""
 
 

@@ -110,8 +110,9 @@ def test_one_code_version_keys_programs_and_stored_runs():
 
 
 def test_the_code_version_covers_every_source_that_changes_numbers(tmp_path):
-    """An edit to the kernels, the numerics, the networks or the training layer
-    is a new version; an edit to the CLI or the figures is not."""
+    """An edit to the kernels, the numerics, the networks, the training layer or
+    the host loop (whose program wrappers are traced) is a new version; an
+    edit to the CLI or the figures is not."""
     import shutil
 
     from mx_proxy.training import code_version as cv
@@ -120,7 +121,8 @@ def test_the_code_version_covers_every_source_that_changes_numbers(tmp_path):
     shutil.copytree(Path(mxp.__file__).parent, tree, ignore=shutil.ignore_patterns("__pycache__"))
     before = cv.digest(tree)
     for edited, changes in (("cli/main.py", False), ("viz/figures.py", False), ("pallas/quantize.py", True),
-                            ("numerics/mx/bits.py", True), ("nn/layers.py", True), ("training/twins.py", True)):
+                            ("numerics/mx/bits.py", True), ("nn/layers.py", True), ("training/twins.py", True),
+                            ("runner/programs.py", True), ("store/run_store.py", False)):
         f = tree / edited
         original = f.read_bytes()
         f.write_bytes(original + b"\n# edited\n")
