@@ -10,10 +10,10 @@ entry points (:func:`quantize`, :func:`quantize_stats`); the how is the bit
 arithmetic of :mod:`mx_proxy.numerics.mx`, written once and shared with the Pallas
 kernels in ``mx_proxy/pallas/``:
 
-* scale choice (block amax, the exponent per rule, saturation bounds):
+* scale choice (from the block amax: the exponent per rule, saturation bounds):
   :mod:`mx_proxy.numerics.mx.block_scale`;
 * element rounding and codes: :mod:`mx_proxy.numerics.mx.element`;
-* 1-D blocks and 2-D tiles: :mod:`mx_proxy.numerics.mx.layout`;
+* 1-D blocks and 2-D tiles, and each block's amax: :mod:`mx_proxy.numerics.mx.layout`;
 * NVFP4 (E4M3 block scales and a float32 tensor scale): :mod:`mx_proxy.numerics.mx.nvfp4`;
 * float32 bit patterns: :mod:`mx_proxy.numerics.mx.bits`.
 
@@ -80,10 +80,10 @@ from mx_proxy.numerics.formats import ElementFormat
 from mx_proxy.numerics.mx import bits as B
 from mx_proxy.numerics.mx import nvfp4 as _nv
 from mx_proxy.numerics.mx.block_scale import (NAN_SCALE_EXP, PER_ELEMENT_RULES, SCALE_EXP_MAX, SCALE_EXP_MIN,
-                                              SCALE_RULES, block_amax, block_quantities, lookup_block_quantities,
+                                              SCALE_RULES, Block, block_quantities, lookup_block_quantities,
                                               paper_bump)
 from mx_proxy.numerics.mx.element import ROUNDINGS, quantize_magnitudes
-from mx_proxy.numerics.mx.layout import Layout, block_view, normalize_axis, pad_blocks, split_blocks, unblock
+from mx_proxy.numerics.mx.layout import Layout, normalize_axis
 from mx_proxy.numerics.mx.nvfp4 import E2M1_MAX, E4M3_MAX, ZERO_SCALE_EXP
 
 __all__ = ["MXSpec", "QuantStats", "quantize", "quantize_stats", "NVFP4", "NVFP4_2D", "SCALE_RULES",
@@ -212,40 +212,50 @@ class QuantStats(NamedTuple):
 
 
 # ----------------------------------------------------------------------------
-# the paths: 1-D E8M0 blocks (the fast path), 2-D E8M0 tiles, NVFP4
+# the path, one way for every spec: layout view -> block scale -> element rounding -> back
 
 
-def _quantize_blocks(xp, spec: MXSpec, axis: int, rbits):
-    """Core of the 1-D E8M0 path on ``xp``, padded to whole blocks along
-    ``axis`` (and ``rbits`` likewise, or None).
+def _e8m0_block(xp, a, spec: MXSpec, lay: Layout) -> Block:
+    """E8M0 block quantities of the padded array ``xp`` (float32; ``a``: its
+    magnitude bits on the view of ``lay``): from the block amax, through
+    :func:`lookup_block_quantities`.
 
-    Returns the split view (block elements along ``axis + 1``) of the q bits
-    and |x| bits, and the :class:`mx_proxy.numerics.mx.block_scale.Block` quantities.
+    ``"paper_bump"`` gives each position of a block its own exponent, the
+    block's floor exponent plus :func:`paper_bump` (0 or 1), so its Block is
+    per element.
+    """
+    blk = lookup_block_quantities(lay.block_max(B.b32(xp) & B.ABS), spec.element, spec.scale_rule)
+    if spec.scale_rule != "paper_bump":
+        return blk
+    e = blk.e + paper_bump(a, lay.axis)  # one exponent per element: the block's, bumped by its position
+    return block_quantities(e, blk.nan | (e > SCALE_EXP_MAX), spec.element)
 
-    Performance (XLA:CPU): it compiles to three kinds of loops, the amax
+
+def _scale_and_round(xp, spec: MXSpec, lay: Layout, rbv):
+    """Block scales and element rounding of a padded array ``xp`` (float32, as
+    ``lay.pad`` gives; ``rbv`` the random bits on the view, or None): (q bits
+    on the view, details), the details being the :class:`NV` record for E4M3
+    scales and (|x| bits, :class:`Block`) for E8M0 ones."""
+    if spec.scale_format == "e4m3":
+        nv = _nv.quantize_view(lay.split(xp), lay.red, spec.rounding, rbv)
+        return nv.q, nv
+    bits = B.b32(lay.split(xp))
+    a = bits & B.ABS
+    blk = _e8m0_block(xp, a, spec, lay)
+    return quantize_magnitudes(bits, a, blk, spec.element, spec.rounding, rbv), (a, blk)
+
+
+def _quantize_on_view(x, spec: MXSpec, axis: int, rbits):
+    """(layout, q bits on its view, details) of ``x`` (float32, ``axis``
+    normalized): every stage entered once, for every spec.
+
+    Performance (XLA:CPU), 1-D E8M0 blocks: three kinds of loops, the amax
     reduction, one small gather per block quantity, and the element loop.
     """
-    bs, fmt = spec.block_size, spec.element
-    blk = lookup_block_quantities(block_amax(B.b32(xp) & B.ABS, axis, bs), fmt, spec.scale_rule)
-    bits = B.b32(split_blocks(xp, axis, bs))
-    a = bits & B.ABS
-    if spec.scale_rule == "paper_bump":  # one exponent per element: the block's, bumped by its position
-        e = blk.e + paper_bump(a, axis)
-        blk = block_quantities(e, blk.nan | (e > SCALE_EXP_MAX), fmt)
-    rb = None if rbits is None else split_blocks(rbits, axis, bs)
-    return quantize_magnitudes(bits, a, blk, fmt, spec.rounding, rb), a, blk
-
-
-def _layout(spec: MXSpec, axis: int) -> Layout:
-    return Layout(spec.block_dims, axis, spec.block_size)
-
-
-def _quantize_e8m0_view(xv, spec: MXSpec, lay: Layout, rb):
-    """E8M0 scales on a view (2-D tiles): (q bits, |x| bits, Block)."""
-    bits = B.b32(xv)
-    a = bits & B.ABS
-    blk = lookup_block_quantities(jnp.max(a, axis=lay.red, keepdims=True), spec.element, spec.scale_rule)
-    return quantize_magnitudes(bits, a, blk, spec.element, spec.rounding, rb), a, blk
+    lay = Layout(spec.block_dims, axis, spec.block_size)
+    rbv = None if rbits is None else lay.view(rbits)
+    q, details = _scale_and_round(lay.pad(x), spec, lay, rbv)
+    return lay, q, details
 
 
 def _prepare(x, spec: MXSpec, axis, key):
@@ -271,35 +281,14 @@ def _random_bits(key, shape):
     return jax.random.bits(key, shape, jnp.uint32)
 
 
-def _is_fast_path(spec: MXSpec) -> bool:
-    return spec.block_dims == 1 and spec.scale_format == "e8m0"
-
-
-def _quantize_view(x, spec: MXSpec, axis: int, rbits):
-    """Every path but the 1-D E8M0 one: (layout, q bits on the view, details)."""
-    lay = _layout(spec, axis)
-    rb = None if rbits is None else lay.view(rbits)
-    if spec.scale_format == "e4m3":
-        nv = _nv.quantize_view(lay.view(x), lay.red, spec.rounding, rb)
-        return lay, nv.q, nv
-    q, a, blk = _quantize_e8m0_view(lay.view(x), spec, lay, rb)
-    return lay, q, (a, blk)
-
-
 # ----------------------------------------------------------------------------
 # entry points
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2))
 def _quantize_ste(x, spec, axis, rbits):
-    if not _is_fast_path(spec):
-        lay, q, _ = _quantize_view(x, spec, axis, rbits)
-        return lay.unview(B.f32(q), x.shape)
-    xp, pad = pad_blocks(x, axis, spec.block_size)
-    if rbits is not None:
-        rbits, _ = pad_blocks(rbits, axis, spec.block_size)
-    q, *_ = _quantize_blocks(xp, spec, axis, rbits)
-    return unblock(B.f32(q), axis, pad)
+    lay, q, _ = _quantize_on_view(x, spec, axis, rbits)
+    return lay.unview(B.f32(q), x.shape)
 
 
 @_quantize_ste.defjvp
@@ -388,49 +377,37 @@ def _quantize_stats_jit(x, spec: MXSpec, axis: int = -1, key=None) -> QuantStats
     rbits = _random_bits(key, x.shape) if spec.rounding == "stochastic" else None
     n = max(int(np.prod(x.shape)), 1)
 
+    lay, q, details = _quantize_on_view(x, spec, ax, rbits)
+    valid = lay.view(jnp.ones(x.shape, bool))
+
+    def frac(mask):
+        return jnp.sum(mask & valid, dtype=jnp.float32) / n
+
     if spec.scale_format == "e4m3":
-        lay, _, nv = _quantize_view(x, spec, ax, rbits)
-        valid = lay.view(jnp.ones(x.shape, bool))
-        live = valid & ~nv.nan
-
-        def frac(mask):
-            return jnp.sum(mask, dtype=jnp.float32) / n
-
+        nv = details
+        live = ~nv.nan
         return QuantStats(
             clamped_frac=frac(live & (nv.v > _nv.E2M1_MAX_BITS)),
             last_bin_frac=frac(live & (nv.code == _nv.E2M1_MAX_BITS)),
             flushed_frac=frac(live & (nv.a != 0) & (nv.code == 0)),
-            nan_frac=frac(valid & nv.nan),
+            nan_frac=frac(nv.nan),
             scale_exponent=lay.squeeze(_nv.scale_exponent(nv)),
             block_scale=lay.squeeze(jnp.where(nv.nan, jnp.float32(jnp.nan), B.f32(nv.s))),
             global_scale=_nv.global_scale(nv),
         )
 
-    if _is_fast_path(spec):
-        xp, _ = pad_blocks(x, ax, spec.block_size)
-        rbp = pad_blocks(rbits, ax, spec.block_size)[0] if rbits is not None else None
-        q, a, blk = _quantize_blocks(xp, spec, ax, rbp)
-        valid = block_view(jnp.ones(x.shape, bool), ax, spec.block_size)[0]
-        squeeze = functools.partial(jnp.squeeze, axis=ax + 1)
-    else:
-        lay, q, (a, blk) = _quantize_view(x, spec, ax, rbits)
-        valid = lay.view(jnp.ones(x.shape, bool))
-        squeeze = lay.squeeze
+    a, blk = details
     e, nan_block, sat = blk.e, blk.nan, blk.sat
-    finite = valid & ~nan_block
+    finite = ~nan_block
     qa = q & B.ABS
-
-    def frac(mask):
-        return jnp.sum(mask & valid, dtype=jnp.float32) / n
-
     if spec.scale_rule in PER_ELEMENT_RULES:  # report the block's own (floor) exponent
-        e, nan_block = jnp.min(e, axis=ax + 1, keepdims=True), jnp.all(nan_block, axis=ax + 1, keepdims=True)
-    e_out = squeeze(jnp.where(nan_block, NAN_SCALE_EXP, e))
+        e, nan_block = jnp.min(e, axis=lay.red, keepdims=True), jnp.all(nan_block, axis=lay.red, keepdims=True)
+    e_out = lay.squeeze(jnp.where(nan_block, NAN_SCALE_EXP, e))
     return QuantStats(
         clamped_frac=frac(finite & (a > sat)),
         last_bin_frac=frac(finite & (qa == sat) & (sat != B.INF)),  # Inf is 2**128, not the top code
         flushed_frac=frac(finite & (a != 0) & (qa == 0)),
-        nan_frac=frac(valid & nan_block),
+        nan_frac=frac(nan_block),
         scale_exponent=e_out,
         block_scale=jnp.where(e_out == NAN_SCALE_EXP, jnp.float32(jnp.nan), B.pow2_f32(jnp.minimum(e_out, 127))),
         global_scale=jnp.float32(1.0),

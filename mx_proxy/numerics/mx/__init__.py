@@ -13,14 +13,15 @@ Modules, in the order a quantization uses them:
 
 * :mod:`mx_proxy.numerics.mx.bits` -- float32 bit patterns: shifts, powers of two,
   ``max_normal * 2**e``, exact floor(log2), composing ``k * 2**j``.
-* :mod:`mx_proxy.numerics.mx.block_scale` -- scale choice: block amax, the shared exponent per
+* :mod:`mx_proxy.numerics.mx.block_scale` -- scale choice: from a block's amax, the shared exponent per
   rule (``floor``, ``rceil``), the per-block quantities of that exponent
   (saturation bound, grid step), and E8M0 scale bytes.
 * :mod:`mx_proxy.numerics.mx.element` -- element rounding (ties to even, away, stochastic)
   with saturation, and element codes: encode (ml_dtypes layout or an FP8
   container) and exact decode.
 * :mod:`mx_proxy.numerics.mx.layout` -- where the blocks are: 1-D blocks along an axis and
-  2-D ``bs x bs`` tiles over the last two axes (pad, split, cut back).
+  2-D ``bs x bs`` tiles over the last two axes (pad and split into a view, the
+  per-block maximum, merge and cut back).
 * :mod:`mx_proxy.numerics.mx.nvfp4` -- NVFP4: E2M1 elements, E4M3 block scales and one
   float32 scale per tensor (NVIDIA Transformer Engine's recipe).
 

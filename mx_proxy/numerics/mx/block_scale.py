@@ -42,7 +42,7 @@ from mx_proxy.numerics.mx import bits as B
 
 __all__ = [
     "SCALE_RULES", "SCALE_EXP_MIN", "SCALE_EXP_MAX", "NAN_SCALE_EXP", "E8M0_BIAS", "E8M0_NAN", "Block",
-    "block_amax", "floor_exponent", "block_exponent", "block_quantities", "block_table",
+    "floor_exponent", "block_exponent", "block_quantities", "block_table",
     "lookup_block_quantities", "e8m0_bytes", "e8m0_pow2", "paper_bump", "PER_ELEMENT_RULES",
 ]
 
@@ -73,22 +73,6 @@ class Block(NamedTuple):
     v: jax.Array
     step: jax.Array
     half: jax.Array
-
-
-def block_amax(a, axis: int, block_size: int):
-    """Per-block max of magnitude bits ``a`` whose ``axis`` holds whole blocks,
-    shaped like the split view ``(.., blocks, 1, ..)`` (block elements at
-    ``axis + 1`` reduced to size 1).
-
-    With the block axis last, the reduction is written over (.., blocks,
-    block_size / 2, 2) straight from the unsplit array: XLA:CPU then emits a
-    vectorized reduction, 2-4x faster than over (.., blocks, block_size).
-    """
-    if axis == a.ndim - 1 and block_size % 2 == 0 and block_size >= 4:
-        a4 = a.reshape(a.shape[:-1] + (a.shape[-1] // block_size, block_size // 2, 2))
-        return jnp.max(a4, axis=(-2, -1))[..., None]
-    split = a.shape[:axis] + (a.shape[axis] // block_size, block_size) + a.shape[axis + 1:]
-    return jnp.max(a.reshape(split), axis=axis + 1, keepdims=True)
 
 
 def floor_exponent(field, fmt: ElementFormat):

@@ -1,6 +1,10 @@
 """Where the blocks are: 1-D blocks of ``bs`` elements along an axis, or 2-D
 ``bs x bs`` tiles over the last two axes.
 
+The quantizer goes one way for every layout: :meth:`Layout.pad`, :meth:`Layout.block_max` (the amax each block scale is
+chosen from), :meth:`Layout.split` into the view that the element stage
+rounds, then :meth:`Layout.unview` (merge and cut back).
+
 A length that is not a multiple of the block size is zero-padded to whole
 blocks and cut back afterwards (zeros never change a block's amax). 2-D tiles
 (``MXSpec(block_dims=2)``) give one scale per square tile over the last two
@@ -18,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["normalize_axis", "pad_blocks", "split_blocks", "block_view", "unblock", "Layout"]
+__all__ = ["normalize_axis", "pad_blocks", "split_blocks", "block_view", "Layout"]
 
 
 def normalize_axis(axis, ndim: int) -> int:
@@ -56,15 +60,6 @@ def block_view(x, axis: int, block_size: int):
     return split_blocks(x, axis, block_size), pad
 
 
-def unblock(xb, axis: int, pad: int):
-    """Inverse of :func:`block_view`: merge (blocks, block_size) at ``axis`` and cut ``pad`` off."""
-    shape = xb.shape[:axis] + (xb.shape[axis] * xb.shape[axis + 1],) + xb.shape[axis + 2:]
-    x = xb.reshape(shape)
-    if pad:
-        x = jax.lax.slice_in_dim(x, 0, x.shape[axis] - pad, axis=axis)
-    return x
-
-
 class Layout(NamedTuple):
     """Where the blocks are: ``dims`` 1 (``bs`` elements along ``axis``) or 2
     (``bs x bs`` tiles over the last two axes)."""
@@ -78,16 +73,40 @@ class Layout(NamedTuple):
         """The block-element axes of the view."""
         return (self.axis + 1,) if self.dims == 1 else (-3, -1)
 
-    def view(self, x):
-        """Zero-pad to whole blocks and split (1-D: (.., blocks, bs, ..); 2-D:
-        (.., row tiles, bs, column tiles, bs))."""
+    def pad(self, x):
+        """Zero-pad to whole blocks (1-D: along ``axis``; 2-D: the last two axes)."""
         if self.dims == 1:
-            return block_view(x, self.axis, self.bs)[0]
+            return pad_blocks(x, self.axis, self.bs)[0]
         widths = [(0, 0)] * (x.ndim - 2) + [(0, -n % self.bs) for n in x.shape[-2:]]
-        if any(w[1] for w in widths):
-            x = jnp.pad(x, widths)
-        r, c = x.shape[-2:]
-        return x.reshape(x.shape[:-2] + (r // self.bs, self.bs, c // self.bs, self.bs))
+        return jnp.pad(x, widths) if any(w[1] for w in widths) else x
+
+    def split(self, xp):
+        """The view of a padded array (1-D: (.., blocks, bs, ..); 2-D: (.., row
+        tiles, bs, column tiles, bs))."""
+        if self.dims == 1:
+            return split_blocks(xp, self.axis, self.bs)
+        r, c = xp.shape[-2:]
+        return xp.reshape(xp.shape[:-2] + (r // self.bs, self.bs, c // self.bs, self.bs))
+
+    def view(self, x):
+        """Zero-pad to whole blocks and split: ``split(pad(x))``."""
+        return self.split(self.pad(x))
+
+    def block_max(self, ap):
+        """Per-block maximum of a padded array ``ap`` (as :meth:`pad` gives;
+        e.g. magnitude bits), shaped like the view with the ``red`` axes at
+        size 1 (broadcastable against it).
+
+        1-D blocks along the last axis reduce over (.., blocks, bs / 2, 2):
+        XLA:CPU then emits a vectorized reduction, 2-4x faster than over
+        (.., blocks, bs). It reads the padded array, not the view, so that the
+        reduction and the element loop each read ``x`` on their own (sharing
+        one magnitude array between them costs XLA:CPU an extra pass).
+        """
+        if self.dims == 1 and self.axis == ap.ndim - 1 and self.bs % 2 == 0 and self.bs >= 4:
+            halves = ap.reshape(ap.shape[:-1] + (ap.shape[-1] // self.bs, self.bs // 2, 2))
+            return jnp.max(halves, axis=(-2, -1))[..., None]
+        return jnp.max(self.split(ap), axis=self.red, keepdims=True)
 
     def unview(self, v, shape):
         """Inverse of :meth:`view` for an array of the original ``shape``."""
