@@ -7,11 +7,13 @@ import importlib
 import os
 import sys
 
+import pandas as pd
+
 from mx_proxy.cli.bench import BENCHMARKS, describe
 from mx_proxy.cli.config_options import add_config_options, config_from_args
 from mx_proxy.cli.experiment_commands import add_experiment_commands, add_store_options, guard, store_arg
 from mx_proxy.cli.help import PlainFormatter, cli_message
-from mx_proxy.experiments import campaign, scales
+from mx_proxy.experiments import campaign, campaign_status, scales
 from mx_proxy.runner import loop as runner
 from mx_proxy.viz.figures import FIGURE_DOCS, FIGURES, campaign_figures, default_dir, generate
 
@@ -55,6 +57,8 @@ def _figures(args) -> int:
 
 
 def _campaign(args) -> int:
+    if args.status:
+        return _campaign_status(args)
     try:
         index = campaign.run(args.scale, args.out, kinds=args.only or campaign.KINDS, widths=args.widths,
                              progress=not args.quiet, store=not args.no_store, estimate=args.estimate)
@@ -71,6 +75,23 @@ def _campaign(args) -> int:
     if args.figures:
         for path in campaign_figures(f"{args.out}/results", out=args.figures):
             print(f"figure: {path}")
+    return 0
+
+
+def _campaign_status(args) -> int:
+    """``mx-proxy campaign --status``: where each planned run stands (trains nothing)."""
+    try:
+        table = campaign_status.status(args.scale, args.out, kinds=[k for k in (args.only or campaign.KINDS)
+                                                                     if k != "intervention"])
+    except ValueError as err:
+        args.parser.error(cli_message(str(err)))
+    if args.widths:
+        table = table[table["label"].str.contains("|".join(f"-w{w}-" for w in args.widths))]
+    with pd.option_context("display.width", 200, "display.max_columns", None, "display.float_format", "{:.4g}".format):
+        print(table.to_string(index=False) if len(table) else "no planned runs")
+    if len(table) and table["state"].isin(["training", "interrupted"]).any():
+        print("(training / interrupted: metrics of the steps before the newest checkpoint, not final results; "
+              "s_per_step between its newest two checkpoints, pauses included)")
     return 0
 
 
@@ -103,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     camp.add_argument("--quiet", action="store_true", help="no progress bars")
     camp.add_argument("--estimate", action="store_true",
                       help="first time two steps of each paired run still to train and print the expected wall time")
+    camp.add_argument("--status", action="store_true",
+                      help="train nothing: print where each planned run stands (done, training, interrupted or not "
+                           "started; steps done, its metrics so far, the time left)")
     camp.add_argument("--no-store", action="store_true",
                       help="keep the runs in memory (no OUT/runs: nothing to resume from); results are still written")
     camp.set_defaults(func=_campaign, parser=camp)

@@ -40,7 +40,7 @@ import pandas as pd
 from mx_proxy.store.files import fsync_dir, owner_gone, tmp_name
 from mx_proxy.training.engine import Program, TrainState
 
-__all__ = ["save", "restore", "steps", "template", "clean", "CheckpointSink", "CheckpointError", "CheckpointWarning"]
+__all__ = ["save", "restore", "steps", "step_dir", "template", "clean", "CheckpointSink", "CheckpointError", "CheckpointWarning"]
 
 
 class CheckpointError(ValueError):
@@ -73,7 +73,8 @@ _PREFIX = "step_"
 _TMP = ".tmp-"
 
 
-def _step_dir(directory: Path, step: int) -> Path:
+def step_dir(directory: Path, step: int) -> Path:
+    """The folder of the checkpoint at ``step`` under ``directory``."""
     return Path(directory) / f"{_PREFIX}{step:09d}"
 
 
@@ -116,7 +117,7 @@ def save(directory, step: int, state: TrainState, metrics: pd.DataFrame | None =
     An existing checkpoint of that step is kept (see the module docstring)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    final = _step_dir(directory, step)
+    final = step_dir(directory, step)
     tmp = directory / tmp_name(final.name)
     with _deferred_interrupt():
         tmp.mkdir()
@@ -166,7 +167,7 @@ def steps(directory) -> list[int]:
 def meta(directory, step: int) -> dict:
     """The ``meta.json`` of the checkpoint at ``step`` ({} if unreadable)."""
     try:
-        return json.loads((_step_dir(directory, step) / "meta.json").read_text())
+        return json.loads((step_dir(directory, step) / "meta.json").read_text())
     except (OSError, ValueError):
         return {}
 
@@ -174,7 +175,7 @@ def meta(directory, step: int) -> dict:
 def restore(directory, step: int, target: TrainState) -> tuple[TrainState, pd.DataFrame | None]:
     """(state, metrics before ``step``) of the checkpoint at ``step``;
     ``target`` is the abstract state (see :func:`template`)."""
-    path = _step_dir(directory, step)
+    path = step_dir(directory, step)
     if not (path / "meta.json").exists():
         raise ValueError(f"no checkpoint at step {step} in {directory}; available: {steps(directory) or 'none'}")
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), target)

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import os
 
 import numpy as np
 import pandas as pd
@@ -10,6 +11,7 @@ import pytest
 from mx_proxy.cli import main as cli
 from mx_proxy.experiments import campaign, scales
 from mx_proxy.viz import figures
+from conftest import dead_pid
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +138,50 @@ def test_every_scale_campaign_is_consistent():
         for kind in campaign.KINDS[:3]:
             for e in campaign.plan(name, (kind,)):
                 assert e.config.recipe.name in e.label or kind == "control"
+
+
+def _fake_partial(out, entry, metrics, steps, mark):
+    """A training folder of ``entry`` holding checkpoints at ``steps`` (meta and metrics only: what --status reads)."""
+    folder = out / "runs" / f"{entry.config.hash()}.partial-{mark}" / "checkpoints"
+    for s in steps:
+        d = folder / f"step_{s:09d}"
+        d.mkdir(parents=True)
+        (d / "meta.json").write_text(json.dumps({"step": s}))
+        metrics[metrics.step < s].to_parquet(d / "metrics.parquet")
+    return folder.parent
+
+
+def test_status_reads_done_partial_and_missing_runs_without_training(smoke, tmp_path):
+    from mx_proxy.experiments import campaign_status
+
+    out, _ = smoke
+    done = campaign_status.status("smoke", out)
+    assert (done["state"] == "done").all() and len(done) == len(campaign.plan("smoke", ("paired", "control", "grid")))
+    assert (done["step"] == done["steps"]).all() and (done["eta_h"] == 0).all()
+    paired = done[done["kind"] == "paired"]
+    assert paired["zeta_median"].notna().all() and paired["vs_fp32_pct"].notna().all()
+
+    # a copy of the smoke campaign in which one paired run was killed after its second checkpoint
+    fresh = tmp_path / "camp"
+    first, second = campaign.plan("smoke", ("paired",))[:2]
+    metrics = pd.read_parquet(out / "results" / first.label / "metrics.parquet")
+    n = first.config.steps
+    _fake_partial(fresh, first, metrics, (n // 4, n // 2), dead_pid())
+    _fake_partial(fresh, second, metrics, (n // 4,), f"{os.getpid()}")  # a live trainer's (this process's)
+    table = campaign_status.status("smoke", fresh, ("paired",)).set_index("label")
+    killed, live = table.loc[first.label], table.loc[second.label]
+    assert killed["state"] == "interrupted" and killed["step"] == n // 2 and np.isfinite(killed["s_per_step"])
+    assert live["state"] == "training" and live["step"] == n // 4 and np.isnan(live["s_per_step"])
+    expected = metrics[metrics.step < n // 2]
+    assert killed["zeta_median"] == pytest.approx(float(expected["zeta_bound"].median()))
+    assert killed["loss"] == pytest.approx(float(expected["loss"].tail(campaign_status.TAIL).mean()))
+    assert not (fresh / "results").exists()  # nothing trained, nothing exported
+    empty = campaign_status.status("smoke", tmp_path / "nothing", ("paired",))
+    assert (empty["state"] == "not started").all() and (empty["step"] == 0).all()
+
+
+def test_cli_campaign_status_prints_the_table(smoke, capsys):
+    out, _ = smoke
+    assert cli.main(["campaign", "--scale", "smoke", "--out", str(out), "--status", "--only", "paired"]) == 0
+    text = capsys.readouterr().out
+    assert "state" in text and "done" in text and "paired-" in text and "grid-" not in text

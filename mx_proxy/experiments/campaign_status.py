@@ -1,0 +1,135 @@
+"""Where a campaign stands, read from its folder without training anything.
+
+A paper-scale campaign on a CPU spans sessions: its paired runs train for
+hours into ``OUT/runs`` and checkpoint every few hundred steps. :func:`status`
+answers, at any moment and from any process, what :func:`mx_proxy.experiments.campaign.run`
+would resume: for each planned run whether it is done (exported to
+``OUT/results``), in a training folder (``<key>.partial-<pid>@<host>``) whose
+process is alive or gone, or not started; how many steps its newest
+checkpoint holds; and what its metrics show so far (numbers of a run that
+has not finished: partial, and labelled so by ``state``).
+
+It reads the newest checkpoint's ``metrics.parquet`` (the rows of every step
+before it), never the training state, so it is cheap and safe beside a
+running campaign.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+
+from mx_proxy.experiments import campaign as _campaign
+from mx_proxy.experiments import scales as _scales
+from mx_proxy.store import checkpoint as ckpt
+from mx_proxy.store import files
+
+__all__ = ["STATES", "status", "partial_metrics"]
+
+STATES = ("done", "training", "interrupted", "not started")
+"""``training``: a live process's training folder; ``interrupted``: its
+process is gone (a rerun of the campaign resumes from the newest checkpoint)."""
+
+TAIL = 100  # steps: the window of the loss ratio against the FP32 run
+
+
+def _newest(run_folders: list[Path]) -> tuple[Path, int] | None:
+    best = None
+    for d in run_folders:
+        for step in ckpt.steps(d / "checkpoints"):
+            if best is None or step > best[1]:
+                best = (d, step)
+    return best
+
+
+def partial_metrics(out: str | os.PathLike, key: str) -> tuple[pd.DataFrame, int, Path] | None:
+    """(metrics of every step before the newest checkpoint, that step, its
+    training folder) of the run with store key ``key`` in ``out/runs``, or
+    ``None`` when no training folder holds a checkpoint."""
+    runs = Path(out) / "runs"
+    found = _newest(sorted(runs.glob(f"{key}.partial-*")))
+    if found is None:
+        return None
+    folder, step = found
+    table = ckpt.step_dir(folder / "checkpoints", step) / "metrics.parquet"
+    metrics = pd.read_parquet(table) if table.exists() else pd.DataFrame({"step": np.arange(step)})
+    return metrics, step, folder
+
+
+def _seconds_per_step(folder: Path) -> float:
+    """Wall seconds per step between the two newest checkpoints of one
+    training folder (NaN with fewer than two): the speed of its process,
+    pauses between them included."""
+    steps = ckpt.steps(folder / "checkpoints")[-2:]
+    if len(steps) < 2:
+        return float("nan")
+    t = [ckpt.step_dir(folder / "checkpoints", s).stat().st_mtime for s in steps]
+    return (t[1] - t[0]) / (steps[1] - steps[0]) if t[1] > t[0] else float("nan")
+
+
+def _stat(m: pd.DataFrame, col: str, fn) -> float:
+    if col not in m:
+        return float("nan")
+    v = m[col].to_numpy(dtype=float)
+    v = v[np.isfinite(v)]
+    return float(fn(v)) if len(v) else float("nan")
+
+
+def _measures(m: pd.DataFrame) -> dict:
+    """What the recorded steps show: the loss against the FP32 run over the
+    last ``TAIL`` steps (%), the same-point ‖ζ‖ bound and the paper's ζ
+    (median, max), and the largest LN clamp fraction."""
+    tail = m.tail(TAIL)
+    loss, ref = _stat(tail, "loss", np.mean), _stat(tail, "ref_loss", np.mean)
+    return {
+        "loss": loss,
+        "vs_fp32_pct": 100.0 * (loss / ref - 1.0) if np.isfinite(ref) and ref > 0 else float("nan"),
+        "zeta_median": _stat(m, "zeta_bound", np.median), "zeta_max": _stat(m, "zeta_bound", np.max),
+        "zeta_paper_median": _stat(m, "zeta_paper", np.median), "zeta_paper_max": _stat(m, "zeta_paper", np.max),
+        "ln_clamp_max": _stat(m, "ln_clamp_frac", np.max),
+    }
+
+
+def status(scale: str | _scales.Scale, out: str | os.PathLike,
+           kinds: Iterable[str] = ("paired", "control", "grid")) -> pd.DataFrame:
+    """One row per planned run of ``scale``'s campaign in ``out``: ``label``,
+    ``kind``, ``state`` (one of :data:`STATES`), ``step`` (steps done: the
+    newest checkpoint's, or the finished run's), ``steps`` (planned),
+    ``diverged_at`` (finished runs), the measures of the recorded steps
+    (``loss``, ``vs_fp32_pct``, ``zeta_median``, ``zeta_max``,
+    ``zeta_paper_median``, ``zeta_paper_max``, ``ln_clamp_max``; NaN where a
+    run records none), ``s_per_step`` (between the newest two checkpoints)
+    and ``eta_h`` (the steps left at that speed).
+
+    Raises:
+      ValueError: a scale without a campaign or an unknown part (naming the valid ones).
+    """
+    out = Path(out)
+    rows = []
+    for e in _campaign.plan(scale, kinds):
+        row = {"label": e.label, "kind": e.kind, "state": "not started", "step": 0, "steps": e.config.steps,
+               "diverged_at": pd.NA}
+        done = out / "results" / e.label
+        partial = partial_metrics(out, e.config.hash())
+        if (done / "run.json").exists():
+            info = json.loads((done / "run.json").read_text())
+            metrics = pd.read_parquet(done / "metrics.parquet")
+            row.update(state="done", step=int(metrics["step"].max()) + 1 if len(metrics) else 0,
+                       diverged_at=info.get("diverged_at") if info.get("diverged_at") is not None else pd.NA)
+            row.update(_measures(metrics), s_per_step=float("nan"), eta_h=0.0)
+        elif partial is not None:
+            metrics, step, folder = partial
+            alive = not files.owner_gone(folder.name.rsplit(".partial-", 1)[1])
+            sec = _seconds_per_step(folder)
+            row.update(state="training" if alive else "interrupted", step=step)
+            row.update(_measures(metrics), s_per_step=sec, eta_h=sec * (e.config.steps - step) / 3600)
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    if len(df):
+        df["diverged_at"] = df["diverged_at"].astype("Int64")
+    return df
