@@ -91,7 +91,7 @@ def _campaign_status(args) -> int:
         print(table.to_string(index=False) if len(table) else "no planned runs")
     if len(table) and table["state"].isin(["training", "interrupted"]).any():
         print("(training / interrupted: metrics of the steps before the newest checkpoint, not final results; "
-              "s_per_step between its newest two checkpoints, pauses included)")
+              "s_per_step: its fastest interval between two checkpoints, eta_h the steps left at that speed)")
     return 0
 
 

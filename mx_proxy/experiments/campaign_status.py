@@ -62,14 +62,13 @@ def partial_metrics(out: str | os.PathLike, key: str) -> tuple[pd.DataFrame, int
 
 
 def _seconds_per_step(folder: Path) -> float:
-    """Wall seconds per step between the two newest checkpoints of one
-    training folder (NaN with fewer than two): the speed of its process,
-    pauses between them included."""
-    steps = ckpt.steps(folder / "checkpoints")[-2:]
-    if len(steps) < 2:
-        return float("nan")
+    """Wall seconds per step of one training folder: the fastest interval
+    between its consecutive checkpoints (a pause, or the gap between two
+    sessions, only lengthens an interval); NaN with fewer than two."""
+    steps = ckpt.steps(folder / "checkpoints")
     t = [ckpt.step_dir(folder / "checkpoints", s).stat().st_mtime for s in steps]
-    return (t[1] - t[0]) / (steps[1] - steps[0]) if t[1] > t[0] else float("nan")
+    rates = [(t[i + 1] - t[i]) / (steps[i + 1] - steps[i]) for i in range(len(steps) - 1) if t[i + 1] > t[i]]
+    return min(rates) if rates else float("nan")
 
 
 def _stat(m: pd.DataFrame, col: str, fn) -> float:
@@ -103,8 +102,8 @@ def status(scale: str | _scales.Scale, out: str | os.PathLike,
     ``diverged_at`` (finished runs), the measures of the recorded steps
     (``loss``, ``vs_fp32_pct``, ``zeta_median``, ``zeta_max``,
     ``zeta_paper_median``, ``zeta_paper_max``, ``ln_clamp_max``; NaN where a
-    run records none), ``s_per_step`` (between the newest two checkpoints)
-    and ``eta_h`` (the steps left at that speed).
+    run records none), ``s_per_step`` (the fastest interval between two
+    consecutive checkpoints) and ``eta_h`` (the steps left at that speed).
 
     Raises:
       ValueError: a scale without a campaign or an unknown part (naming the valid ones).

@@ -166,11 +166,14 @@ def test_status_reads_done_partial_and_missing_runs_without_training(smoke, tmp_
     first, second = campaign.plan("smoke", ("paired",))[:2]
     metrics = pd.read_parquet(out / "results" / first.label / "metrics.parquet")
     n = first.config.steps
-    _fake_partial(fresh, first, metrics, (n // 4, n // 2), dead_pid())
+    killed_folder = _fake_partial(fresh, first, metrics, (n // 6, n // 3, n // 2), dead_pid())
+    for s, t in ((n // 6, 1000.0), (n // 3, 1000.0 + 3 * (n // 6)), (n // 2, 9000.0)):  # 3 s/step, then a pause
+        os.utime(killed_folder / "checkpoints" / f"step_{s:09d}", (t, t))
     _fake_partial(fresh, second, metrics, (n // 4,), f"{os.getpid()}")  # a live trainer's (this process's)
     table = campaign_status.status("smoke", fresh, ("paired",)).set_index("label")
     killed, live = table.loc[first.label], table.loc[second.label]
-    assert killed["state"] == "interrupted" and killed["step"] == n // 2 and np.isfinite(killed["s_per_step"])
+    assert killed["state"] == "interrupted" and killed["step"] == n // 2 and killed["s_per_step"] == 3.0
+    assert killed["eta_h"] == pytest.approx(3.0 * (n - n // 2) / 3600)
     assert live["state"] == "training" and live["step"] == n // 4 and np.isnan(live["s_per_step"])
     expected = metrics[metrics.step < n // 2]
     assert killed["zeta_median"] == pytest.approx(float(expected["zeta_bound"].median()))
