@@ -25,6 +25,7 @@ START=$(date +%s)
 timeout --signal=INT "$LIMIT" python -m mx_proxy.cli campaign --scale "$SCALE" --out "$WORK" --quiet
 STATUS=$?
 echo "campaign exit status $STATUS after $(( $(date +%s) - START )) s (124/130: time limit reached, rerun to resume)"
+python -m mx_proxy.cli campaign --scale "$SCALE" --out "$WORK" --status || true  # where each run stands
 mkdir -p "$DEST"
 if [ -d "$WORK/results" ]; then
   cp -r "$WORK/results/." "$DEST/"
