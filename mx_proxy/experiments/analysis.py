@@ -3,7 +3,8 @@
 Pure functions of :class:`mxp.Run` objects (no training): :func:`instability`
 (divergence, 10× blow-ups, spikes), :func:`summary` (one row per run),
 :func:`clamp_window`, :func:`zeta_by_clamping` and :func:`paper_metric_table`
-(the paper's ζ and its controls).
+(the paper's ζ and its controls), :func:`headline` (a paired run's numbers
+for the README's headline, finished or not).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from mx_proxy.numerics import recipe_json
 from mx_proxy.training.config import Config
 from mx_proxy.training.result import Run
 
-__all__ = ["instability", "summary", "clamp_window", "zeta_by_clamping", "paper_metric_table"]
+__all__ = ["instability", "summary", "clamp_window", "zeta_by_clamping", "paper_metric_table", "headline"]
 
 
 def _window(run: Run) -> int:
@@ -150,3 +151,44 @@ def paper_metric_table(runs) -> pd.DataFrame:
             "diverged_at": r.diverged_at,
         })
     return pd.DataFrame(rows)
+
+
+def _finite(m: pd.DataFrame, col: str) -> np.ndarray:
+    v = m[col].to_numpy(dtype=float) if col in m else np.array([])
+    return v[np.isfinite(v)]
+
+
+def _med_max(m: pd.DataFrame, col: str) -> tuple[float, float]:
+    v = _finite(m, col)
+    return (float(np.median(v)), float(np.max(v))) if len(v) else (float("nan"), float("nan"))
+
+
+def headline(run: Run, tail: int = 100, before: int = 500) -> dict:
+    """A paired run's headline numbers, over the steps its metrics hold (all
+    of a finished run; those before the newest checkpoint of one in progress).
+
+    ``loss`` and ``vs_fp32_pct``: the mean loss over the last ``tail``
+    recorded steps before any divergence, and how far above (+) or below its
+    FP32 run's mean loss over the same steps it is, in %. ``zeta_median``,
+    ``zeta_max``: the same-point ‖ζ‖ bound over the diagnostic steps before
+    any divergence; ``zeta_paper_median``, ``zeta_paper_max``: the paper's ζ
+    likewise; ``ln_clamp_max``: the largest fraction of LN gains clamped;
+    ``clamp_window``: :func:`clamp_window`. A diverged run adds
+    ``zeta_before``, ``zeta_paper_before`` (medians) and
+    ``zeta_paper_before_max`` over the ``before`` steps before its divergence.
+    """
+    m = run.metrics if run.diverged_at is None else run.metrics[run.metrics["step"] < run.diverged_at]
+    last = m.tail(tail)
+    loss, ref = _finite(last, "loss"), _finite(last, "ref_loss")
+    mean, ref_mean = (float(loss.mean()) if len(loss) else float("nan")), (float(ref.mean()) if len(ref) else np.nan)
+    out = {"loss": mean, "vs_fp32_pct": 100.0 * (mean / ref_mean - 1.0) if ref_mean > 0 else float("nan")}
+    out["zeta_median"], out["zeta_max"] = _med_max(m, "zeta_bound")
+    out["zeta_paper_median"], out["zeta_paper_max"] = _med_max(m, "zeta_paper")
+    clamp = _finite(m, "ln_clamp_frac")
+    out["ln_clamp_max"] = float(clamp.max()) if len(clamp) else float("nan")
+    out["clamp_window"] = clamp_window(run)
+    if run.diverged_at is not None:
+        w = m[m["step"] >= run.diverged_at - before]
+        out["zeta_before"] = _med_max(w, "zeta_bound")[0]
+        out["zeta_paper_before"], out["zeta_paper_before_max"] = _med_max(w, "zeta_paper")
+    return out

@@ -45,7 +45,7 @@ from mx_proxy.training.config import Config
 from mx_proxy.training.engine import compiler_options, dynamic_for, program_for
 from mx_proxy.training.result import Run
 
-__all__ = ["KINDS", "Entry", "plan", "run", "export", "load_results", "results_index"]
+__all__ = ["KINDS", "Entry", "plan", "run", "export", "load_results", "load_result", "results_index"]
 
 KINDS = ("grid", "paired", "control", "intervention")
 
@@ -169,17 +169,18 @@ def load_results(results: str | os.PathLike, kinds: Iterable[str] = KINDS) -> li
     """The exported runs of a results folder (``kinds`` only), as :class:`Run`
     objects without parameters; ``info`` holds the ``run.json`` fields."""
     kinds = _check_kinds(kinds)
-    runs = []
-    for meta_file in sorted(Path(results).glob("*/run.json")):
-        meta = json.loads(meta_file.read_text())
-        if meta["kind"] not in kinds:
-            continue
-        folder = meta_file.parent
-        cfg = Config.from_dict(json.loads((folder / "config.json").read_text()))
-        metrics = pd.read_parquet(folder / "metrics.parquet")
-        runs.append(Run(cfg, metrics, meta["diverged_at"], None, meta.get("wall_time_s") or 0.0, dict(meta),
-                        str(folder)))
-    return runs
+    runs = [load_result(meta_file.parent) for meta_file in sorted(Path(results).glob("*/run.json"))]
+    return [r for r in runs if r.info["kind"] in kinds]
+
+
+def load_result(folder: str | os.PathLike) -> Run:
+    """One exported run (``results/<label>/``) as a :class:`Run` without
+    parameters; ``info`` holds its ``run.json`` fields."""
+    folder = Path(folder)
+    meta = json.loads((folder / "run.json").read_text())
+    cfg = Config.from_dict(json.loads((folder / "config.json").read_text()))
+    metrics = pd.read_parquet(folder / "metrics.parquet")
+    return Run(cfg, metrics, meta["diverged_at"], None, meta.get("wall_time_s") or 0.0, dict(meta), str(folder))
 
 
 def run(scale: str | _scales.Scale, out: str | os.PathLike, *, kinds: Iterable[str] = KINDS,

@@ -16,7 +16,6 @@ running campaign.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Iterable
@@ -24,10 +23,12 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
+from mx_proxy.experiments import analysis
 from mx_proxy.experiments import campaign as _campaign
 from mx_proxy.experiments import scales as _scales
 from mx_proxy.store import checkpoint as ckpt
 from mx_proxy.store import files
+from mx_proxy.training.result import Run
 
 __all__ = ["STATES", "status", "partial_metrics"]
 
@@ -35,7 +36,8 @@ STATES = ("done", "training", "interrupted", "not started")
 """``training``: a live process's training folder; ``interrupted``: its
 process is gone (a rerun of the campaign resumes from the newest checkpoint)."""
 
-TAIL = 100  # steps: the window of the loss ratio against the FP32 run
+MEASURES = ("loss", "vs_fp32_pct", "zeta_median", "zeta_max", "zeta_paper_median", "zeta_paper_max", "ln_clamp_max")
+"""The columns of :func:`mx_proxy.experiments.analysis.headline` that :func:`status` shows."""
 
 
 def _newest(run_folders: list[Path]) -> tuple[Path, int] | None:
@@ -71,29 +73,6 @@ def _seconds_per_step(folder: Path) -> float:
     return min(rates) if rates else float("nan")
 
 
-def _stat(m: pd.DataFrame, col: str, fn) -> float:
-    if col not in m:
-        return float("nan")
-    v = m[col].to_numpy(dtype=float)
-    v = v[np.isfinite(v)]
-    return float(fn(v)) if len(v) else float("nan")
-
-
-def _measures(m: pd.DataFrame) -> dict:
-    """What the recorded steps show: the loss against the FP32 run over the
-    last ``TAIL`` steps (%), the same-point ‖ζ‖ bound and the paper's ζ
-    (median, max), and the largest LN clamp fraction."""
-    tail = m.tail(TAIL)
-    loss, ref = _stat(tail, "loss", np.mean), _stat(tail, "ref_loss", np.mean)
-    return {
-        "loss": loss,
-        "vs_fp32_pct": 100.0 * (loss / ref - 1.0) if np.isfinite(ref) and ref > 0 else float("nan"),
-        "zeta_median": _stat(m, "zeta_bound", np.median), "zeta_max": _stat(m, "zeta_bound", np.max),
-        "zeta_paper_median": _stat(m, "zeta_paper", np.median), "zeta_paper_max": _stat(m, "zeta_paper", np.max),
-        "ln_clamp_max": _stat(m, "ln_clamp_frac", np.max),
-    }
-
-
 def status(scale: str | _scales.Scale, out: str | os.PathLike,
            kinds: Iterable[str] = ("paired", "control", "grid")) -> pd.DataFrame:
     """One row per planned run of ``scale``'s campaign in ``out``: ``label``,
@@ -116,19 +95,22 @@ def status(scale: str | _scales.Scale, out: str | os.PathLike,
         done = out / "results" / e.label
         partial = partial_metrics(out, e.config.hash())
         if (done / "run.json").exists():
-            info = json.loads((done / "run.json").read_text())
-            metrics = pd.read_parquet(done / "metrics.parquet")
-            row.update(state="done", step=int(metrics["step"].max()) + 1 if len(metrics) else 0,
-                       diverged_at=info.get("diverged_at") if info.get("diverged_at") is not None else pd.NA)
-            row.update(_measures(metrics), s_per_step=float("nan"), eta_h=0.0)
+            run = _campaign.load_result(done)
+            row.update(state="done", step=run.info["steps_run"], s_per_step=float("nan"), eta_h=0.0,
+                       diverged_at=pd.NA if run.diverged_at is None else run.diverged_at)
         elif partial is not None:
             metrics, step, folder = partial
+            run = Run(e.config, metrics, None)
             alive = not files.owner_gone(folder.name.rsplit(".partial-", 1)[1])
             sec = _seconds_per_step(folder)
-            row.update(state="training" if alive else "interrupted", step=step)
-            row.update(_measures(metrics), s_per_step=sec, eta_h=sec * (e.config.steps - step) / 3600)
+            row.update(state="training" if alive else "interrupted", step=step, s_per_step=sec,
+                       eta_h=sec * (e.config.steps - step) / 3600)
+        else:
+            run = None
+        measures = analysis.headline(run) if run is not None else {}
+        row.update({k: measures.get(k, float("nan")) for k in MEASURES})
         rows.append(row)
-    df = pd.DataFrame(rows)
-    if len(df):
-        df["diverged_at"] = df["diverged_at"].astype("Int64")
+    columns = ["label", "kind", "state", "step", "steps", "diverged_at", *MEASURES, "s_per_step", "eta_h"]
+    df = pd.DataFrame(rows, columns=columns)
+    df["diverged_at"] = df["diverged_at"].astype("Int64")
     return df

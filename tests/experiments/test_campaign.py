@@ -177,7 +177,7 @@ def test_status_reads_done_partial_and_missing_runs_without_training(smoke, tmp_
     assert live["state"] == "training" and live["step"] == n // 4 and np.isnan(live["s_per_step"])
     expected = metrics[metrics.step < n // 2]
     assert killed["zeta_median"] == pytest.approx(float(expected["zeta_bound"].median()))
-    assert killed["loss"] == pytest.approx(float(expected["loss"].tail(campaign_status.TAIL).mean()))
+    assert killed["loss"] == pytest.approx(float(expected["loss"].tail(100).mean()))
     assert not (fresh / "results").exists()  # nothing trained, nothing exported
     empty = campaign_status.status("smoke", tmp_path / "nothing", ("paired",))
     assert (empty["state"] == "not started").all() and (empty["step"] == 0).all()
@@ -188,3 +188,21 @@ def test_cli_campaign_status_prints_the_table(smoke, capsys):
     assert cli.main(["campaign", "--scale", "smoke", "--out", str(out), "--status", "--only", "paired"]) == 0
     text = capsys.readouterr().out
     assert "state" in text and "done" in text and "paired-" in text and "grid-" not in text
+
+
+def test_headline_numbers_of_a_diverged_run_look_at_the_steps_before_it():
+    from mx_proxy.experiments import analysis
+    from mx_proxy.training.config import Config
+    from mx_proxy.training.result import Run
+
+    steps = np.arange(1000)
+    m = pd.DataFrame({"step": steps, "loss": np.where(steps < 900, 1.0, np.inf), "ref_loss": 0.8,
+                      "zeta_bound": np.where(steps % 20 == 0, np.where(steps < 400, 0.5, 2.0), np.nan),
+                      "zeta_paper": np.where(steps < 400, 1.0, 3.0), "ln_clamp_frac": np.nan})
+    h = analysis.headline(Run(Config(steps=1000), m, 900))
+    assert h["loss"] == 1.0 and h["vs_fp32_pct"] == pytest.approx(25.0)
+    assert h["zeta_max"] == 2.0 and h["zeta_paper_max"] == 3.0  # the diverged steps never count
+    assert h["zeta_before"] == 2.0 and h["zeta_paper_before"] == 3.0  # steps 400..899: all after the change
+    assert np.isnan(h["ln_clamp_max"]) and h["clamp_window"] is None
+    stable = analysis.headline(Run(Config(steps=1000), m[m.step < 900], None))
+    assert "zeta_before" not in stable and stable["zeta_median"] == 2.0  # 25 diagnostic steps at 2.0, 20 at 0.5
