@@ -81,12 +81,10 @@ def _campaign(args) -> int:
 def _campaign_status(args) -> int:
     """``mx-proxy campaign --status``: where each planned run stands (trains nothing)."""
     try:
-        table = campaign_status.status(args.scale, args.out, kinds=[k for k in (args.only or campaign.KINDS)
-                                                                     if k != "intervention"])
+        table = campaign_status.status(args.scale, args.out, widths=args.widths,
+                                       kinds=[k for k in (args.only or campaign.KINDS) if k != "intervention"])
     except ValueError as err:
         args.parser.error(cli_message(str(err)))
-    if args.widths:
-        table = table[table["label"].str.contains("|".join(f"-w{w}-" for w in args.widths))]
     with pd.option_context("display.width", 200, "display.max_columns", None, "display.float_format", "{:.4g}".format):
         print(table.to_string(index=False) if len(table) else "no planned runs")
     if len(table) and table["state"].isin(["training", "interrupted"]).any():

@@ -188,6 +188,8 @@ def test_cli_campaign_status_prints_the_table(smoke, capsys):
     assert cli.main(["campaign", "--scale", "smoke", "--out", str(out), "--status", "--only", "paired"]) == 0
     text = capsys.readouterr().out
     assert "state" in text and "done" in text and "paired-" in text and "grid-" not in text
+    assert cli.main(["campaign", "--scale", "smoke", "--out", str(out), "--status", "--widths", "7"]) == 0
+    assert "no planned runs" in capsys.readouterr().out
 
 
 def test_headline_numbers_of_a_diverged_run_look_at_the_steps_before_it():
