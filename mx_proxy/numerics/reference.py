@@ -257,7 +257,7 @@ def reference_quantize(x, spec, axis: int = -1, rbits=None, *, use_cast: bool = 
     """MX (or NVFP4) fake-quantization of ``x`` (any rank, float32 result, x's shape).
 
     Args:
-      x: real array; cast to float32 first, like the fast path.
+      x: real array; cast to float32 first, like :func:`mx_proxy.numerics.quantize.quantize`.
       spec: a :class:`mxp.MXSpec` (any block_dims and scale_format).
       axis: the block axis (ignored for ``block_dims=2``: tiles of the last two axes).
       rbits: uint32 random bits of x's shape (``jax.random.bits(key,
