@@ -99,8 +99,7 @@ def summary(runs, fields: Iterable[str] | None = None) -> pd.DataFrame:
         row["min_loss"] = float(m["loss"].min()) if len(m) else float("nan")
         for col, fn, name in (("zeta_bound", np.median, "zeta_median"), ("zeta_bound", np.max, "zeta_max"),
                               ("cosine", np.min, "cosine_min"), ("ln_clamp_frac", np.max, "ln_clamp_max")):
-            v = d[col].to_numpy(dtype=float) if col in d else np.array([])
-            v = v[np.isfinite(v)]
+            v = _finite(d, col)
             row[name] = float(fn(v)) if len(v) else float("nan")
         rows.append(row)
     df = pd.DataFrame(rows)
