@@ -13,7 +13,7 @@ from mx_proxy.cli.bench import BENCHMARKS, describe
 from mx_proxy.cli.config_options import add_config_options, config_from_args
 from mx_proxy.cli.experiment_commands import add_experiment_commands, add_store_options, guard, store_arg
 from mx_proxy.cli.help import PlainFormatter, cli_message
-from mx_proxy.experiments import campaign, campaign_status, scales
+from mx_proxy.experiments import campaign, campaign_status, report, scales
 from mx_proxy.runner import loop as runner
 from mx_proxy.viz.figures import FIGURE_DOCS, FIGURES, campaign_figures, default_dir, generate
 
@@ -61,7 +61,7 @@ def _campaign(args) -> int:
         return _campaign_status(args)
     try:
         index = campaign.run(args.scale, args.out, kinds=args.only or campaign.KINDS, widths=args.widths,
-                             progress=not args.quiet, store=not args.no_store, estimate=args.estimate)
+                             seeds=args.seeds, progress=not args.quiet, store=not args.no_store, estimate=args.estimate)
     except ValueError as err:
         args.parser.error(cli_message(str(err)))
     except KeyboardInterrupt:
@@ -81,7 +81,7 @@ def _campaign(args) -> int:
 def _campaign_status(args) -> int:
     """``mx-proxy campaign --status``: where each planned run stands (trains nothing)."""
     try:
-        table = campaign_status.status(args.scale, args.out, widths=args.widths,
+        table = campaign_status.status(args.scale, args.out, widths=args.widths, seeds=args.seeds,
                                        kinds=[k for k in (args.only or campaign.KINDS) if k != "intervention"])
     except ValueError as err:
         args.parser.error(cli_message(str(err)))
@@ -90,6 +90,22 @@ def _campaign_status(args) -> int:
     if len(table) and table["state"].isin(["training", "interrupted"]).any():
         print("(training / interrupted: metrics of the steps before the newest checkpoint, not final results; "
               "s_per_step: its fastest interval between two checkpoints, eta_h the steps left at that speed)")
+    return 0
+
+
+def _report(args) -> int:
+    """``mx-proxy report``: a results folder as Markdown, or the report blocks of Markdown files rewritten."""
+    try:
+        if args.update:
+            for path in args.update:
+                changed = report.update(path)
+                print(f"{path}: {'rewritten' if changed else 'already up to date'}")
+            return 0
+        if not args.results:
+            args.parser.error("give a results folder (e.g. results/paper) or --update FILE ...")
+        print(report.for_folder(args.results), end="")
+    except (ValueError, OSError) as err:
+        args.parser.error(cli_message(str(err)))
     return 0
 
 
@@ -118,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     camp.add_argument("--out", required=True, help="folder for the run store (OUT/runs) and results (OUT/results)")
     camp.add_argument("--only", nargs="+", choices=campaign.KINDS, help="parts to run (default: all)")
     camp.add_argument("--widths", nargs="+", type=int, help="only these model widths")
+    camp.add_argument("--seeds", nargs="+", type=int,
+                      help="the paired runs and controls at these student-init seeds (default: the scale's, 0)")
     camp.add_argument("--figures", metavar="DIR", help="also write the campaign's figures into DIR")
     camp.add_argument("--quiet", action="store_true", help="no progress bars")
     camp.add_argument("--estimate", action="store_true",
@@ -128,6 +146,17 @@ def build_parser() -> argparse.ArgumentParser:
     camp.add_argument("--no-store", action="store_true",
                       help="keep the runs in memory (no OUT/runs: nothing to resume from); results are still written")
     camp.set_defaults(func=_campaign, parser=camp)
+
+    rep = sub.add_parser(
+        "report", help="a campaign's results as the README's headline (Markdown)",
+        description="Print the headline of a campaign results folder as Markdown: a table of its paired runs and "
+                    "controls (divergence, loss against FP32, same-point and paper ζ, LN clamping, the LN gains' "
+                    "drift), a line of facts per run and the interventions. With --update, rewrite each block "
+                    f"between `{report.BEGIN.format('FOLDER')}` and `{report.END}` in the given Markdown files "
+                    "from its folder.")
+    rep.add_argument("results", nargs="?", help="a results folder (OUT/results of a campaign, e.g. results/paper)")
+    rep.add_argument("--update", nargs="+", metavar="FILE", help="Markdown files whose report blocks to rewrite")
+    rep.set_defaults(func=_report, parser=rep)
 
     listing = "\n".join(f"  {name:<22} {FIGURE_DOCS[name]}" for name in FIGURES)
     figures = sub.add_parser(

@@ -3,8 +3,9 @@
 Pure functions of :class:`mxp.Run` objects (no training): :func:`instability`
 (divergence, 10× blow-ups, spikes), :func:`summary` (one row per run),
 :func:`clamp_window`, :func:`zeta_by_clamping` and :func:`paper_metric_table`
-(the paper's ζ and its controls), :func:`headline` (a paired run's numbers
-for the README's headline, finished or not).
+(the paper's ζ and its controls), :func:`gain_drift` (the LN gains' drift into the clamp band) and
+:func:`headline` (a paired run's numbers for the README's headline,
+finished or not; :mod:`mx_proxy.experiments.report` writes them out).
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ from mx_proxy.numerics import recipe_json
 from mx_proxy.training.config import Config
 from mx_proxy.training.result import Run
 
-__all__ = ["instability", "summary", "clamp_window", "zeta_by_clamping", "paper_metric_table", "headline"]
+__all__ = ["instability", "blowup_window", "summary", "clamp_window", "zeta_by_clamping", "paper_metric_table",
+           "gain_drift", "headline"]
 
 
-def _window(run: Run) -> int:
+def blowup_window(run: Run) -> int:
+    """W, the steps over which :func:`instability` takes the running minimum:
+    100, or a tenth of a short run (at least 10)."""
     return max(10, min(100, run.config.steps // 10))
 
 
@@ -35,10 +39,11 @@ def instability(run: Run, factor: float = 10.0) -> dict:
     skipped) -- it also catches multi-step blow-ups that never jump 100× in one
     step. ``spikes``: how many separate such excursions (plus one for a
     divergence). ``max_jump``: the largest loss / running-minimum ratio.
+    ``max_jump_at``: the step where it is largest.
     """
     loss = run.metrics["loss"].to_numpy(dtype=float)
     loss = np.where(np.isfinite(loss), loss, np.inf)
-    w = _window(run)
+    w = blowup_window(run)
     ratio = np.ones_like(loss)
     for i in range(w, len(loss)):
         ratio[i] = loss[i] / loss[i - w:i].min()
@@ -50,6 +55,7 @@ def instability(run: Run, factor: float = 10.0) -> dict:
         "blowup_at": int(steps[starts[0]]) if len(starts) else None,
         "spikes": int(len(starts)) + (run.diverged_at is not None and not hot[-1:].any()),
         "max_jump": float(ratio.max()) if len(ratio) else float("nan"),
+        "max_jump_at": int(steps[int(np.argmax(ratio))]) if len(ratio) else None,
     }
 
 
@@ -62,6 +68,12 @@ def clamp_window(run: Run, threshold: float = 0.5) -> tuple[int, int] | None:
         return None
     hot = m[m["ln_clamp_frac"] > threshold]
     return (int(hot["step"].iloc[0]), int(hot["step"].iloc[-1])) if len(hot) else None
+
+
+def _before_divergence(run: Run) -> pd.DataFrame:
+    """The metrics rows of the steps before any divergence (all of a stable run)."""
+    m = run.metrics
+    return m if run.diverged_at is None else m[m["step"] < run.diverged_at]
 
 
 def _label(run: Run) -> str:
@@ -84,9 +96,7 @@ def summary(runs, fields: Iterable[str] | None = None) -> pd.DataFrame:
                   and len({repr(getattr(r.config, f)) for r in runs}) > 1]
     rows = []
     for r in runs:
-        m = r.metrics
-        if r.diverged_at is not None:
-            m = m[m["step"] < r.diverged_at]
+        m = _before_divergence(r)
         d = m.dropna(subset=["zeta_bound"]) if "zeta_bound" in m else m.iloc[0:0]
         row = {"recipe": _label(r)}
         iv = r.info.get("intervention") if isinstance(r.info, dict) else None
@@ -135,8 +145,7 @@ def paper_metric_table(runs) -> pd.DataFrame:
     rows = []
     for r in runs:
         c = r.config
-        m = r.metrics if r.diverged_at is None else r.metrics[r.metrics["step"] < r.diverged_at]
-        d = m.dropna(subset=["zeta_paper"])
+        d = _before_divergence(r).dropna(subset=["zeta_paper"])
         differs = [f"seed {c.reference_seed}" for _ in [0] if c.reference_seed not in (None, c.seed)]
         differs += [f"data seed {c.reference_data_seed}" for _ in [0]
                     if c.reference_data_seed not in (None, c.data_seed)]
@@ -162,32 +171,76 @@ def _med_max(m: pd.DataFrame, col: str) -> tuple[float, float]:
     return (float(np.median(v)), float(np.max(v))) if len(v) else (float("nan"), float("nan"))
 
 
-def headline(run: Run, tail: int = 100, before: int = 500) -> dict:
+def _first_step(m: pd.DataFrame, hot: pd.Series) -> int | None:
+    return int(m["step"][hot].iloc[0]) if hot.any() else None
+
+
+def gain_drift(run: Run, window: int = 250) -> pd.DataFrame:
+    """The LN gains' drift, one row per block: their mean (``ln_gain_mean``)
+    averaged over the diagnostic steps of the first and of the last
+    ``window`` steps before any divergence (``first``, ``last``), whether
+    ``last`` lies in E4M3's clamp band [0.875, 1) (``in_band``), and the first
+    step at which more than half (``half_clamped_at``) and all
+    (``all_clamped_at``) of the block's gains clamped (``None``: never)."""
+    m = _before_divergence(run)
+    cols = sorted((c for c in m if c.startswith("ln_gain_mean/block_")), key=lambda c: int(c.rsplit("_", 1)[1]))
+    d = m.dropna(subset=cols)
+    end = int(m["step"].iloc[-1]) + 1 if len(m) else 0
+    rows = []
+    for c in cols:
+        b = int(c.rsplit("_", 1)[1])
+        first = float(d[c][d["step"] < int(d["step"].iloc[0]) + window].mean()) if len(d) else float("nan")
+        last = float(d[c][d["step"] >= end - window].mean()) if len(d) else float("nan")
+        clamp = m.dropna(subset=[f"ln_clamp_frac/block_{b}"]) if f"ln_clamp_frac/block_{b}" in m else m.iloc[0:0]
+        frac = clamp[f"ln_clamp_frac/block_{b}"] if len(clamp) else pd.Series(dtype=float)
+        rows.append({"block": b, "first": first, "last": last, "in_band": bool(0.875 <= last < 1.0),
+                     "half_clamped_at": _first_step(clamp, frac > 0.5) if len(clamp) else None,
+                     "all_clamped_at": _first_step(clamp, frac >= 1.0) if len(clamp) else None})
+    df = pd.DataFrame(rows, columns=["block", "first", "last", "in_band", "half_clamped_at", "all_clamped_at"])
+    for c in ("half_clamped_at", "all_clamped_at"):
+        df[c] = df[c].astype("Int64")
+    return df
+
+
+def headline(run: Run, tail: int = 100, before: int = 500, settle: int = 1000) -> dict:
     """A paired run's headline numbers, over the steps its metrics hold (all
     of a finished run; those before the newest checkpoint of one in progress).
 
-    ``loss`` and ``vs_fp32_pct``: the mean loss over the last ``tail``
-    recorded steps before any divergence, and how far above (+) or below its
-    FP32 run's mean loss over the same steps it is, in %. ``zeta_median``,
-    ``zeta_max``: the same-point ‖ζ‖ bound over the diagnostic steps before
-    any divergence; ``zeta_paper_median``, ``zeta_paper_max``: the paper's ζ
-    likewise; ``ln_clamp_max``: the largest fraction of LN gains clamped;
-    ``clamp_window``: :func:`clamp_window`. A diverged run adds
-    ``zeta_before``, ``zeta_paper_before`` (medians) and
+    ``steps``: steps recorded. ``loss`` and ``vs_fp32_pct``: the mean loss
+    over the last ``tail`` recorded steps before any divergence, and how far
+    above (+) or below its FP32 run's mean loss over the same steps it is, in
+    %. ``fp32_ratio_max`` (at ``fp32_ratio_max_at``): the largest loss / FP32
+    loss ratio from step ``settle`` on. ``zeta_median``, ``zeta_max``: the
+    same-point ‖ζ‖ bound over the diagnostic steps before any divergence;
+    ``zeta_paper_median``, ``zeta_paper_max`` (at ``zeta_paper_max_at``): the
+    paper's ζ likewise; ``ln_clamp_max``: the largest fraction of LN gains
+    clamped; ``clamp_window``: :func:`clamp_window`; and the
+    :func:`instability` measures. A diverged run adds ``zeta_before``,
+    ``zeta_before_max``, ``zeta_paper_before`` (medians and maximum) and
     ``zeta_paper_before_max`` over the ``before`` steps before its divergence.
     """
-    m = run.metrics if run.diverged_at is None else run.metrics[run.metrics["step"] < run.diverged_at]
+    m = _before_divergence(run)
     last = m.tail(tail)
     loss, ref = _finite(last, "loss"), _finite(last, "ref_loss")
     mean, ref_mean = (float(loss.mean()) if len(loss) else float("nan")), (float(ref.mean()) if len(ref) else np.nan)
-    out = {"loss": mean, "vs_fp32_pct": 100.0 * (mean / ref_mean - 1.0) if ref_mean > 0 else float("nan")}
+    out = {"steps": int(len(run.metrics)), "loss": mean,
+           "vs_fp32_pct": 100.0 * (mean / ref_mean - 1.0) if ref_mean > 0 else float("nan")}
+    out.update(instability(run))
+    late = m[m["step"] >= settle]
+    ratio = (late["loss"] / late["ref_loss"]).to_numpy(dtype=float) if "ref_loss" in m else np.array([])
+    ok = np.isfinite(ratio)
+    out["fp32_ratio_max"] = float(ratio[ok].max()) if ok.any() else float("nan")
+    out["fp32_ratio_max_at"] = int(late["step"].to_numpy()[ok][np.argmax(ratio[ok])]) if ok.any() else None
     out["zeta_median"], out["zeta_max"] = _med_max(m, "zeta_bound")
     out["zeta_paper_median"], out["zeta_paper_max"] = _med_max(m, "zeta_paper")
+    zp = m.dropna(subset=["zeta_paper"]) if "zeta_paper" in m else m.iloc[0:0]
+    zp = zp[np.isfinite(zp["zeta_paper"].to_numpy(dtype=float))] if len(zp) else zp
+    out["zeta_paper_max_at"] = int(zp["step"].loc[zp["zeta_paper"].idxmax()]) if len(zp) else None
     clamp = _finite(m, "ln_clamp_frac")
     out["ln_clamp_max"] = float(clamp.max()) if len(clamp) else float("nan")
     out["clamp_window"] = clamp_window(run)
     if run.diverged_at is not None:
         w = m[m["step"] >= run.diverged_at - before]
-        out["zeta_before"] = _med_max(w, "zeta_bound")[0]
+        out["zeta_before"], out["zeta_before_max"] = _med_max(w, "zeta_bound")
         out["zeta_paper_before"], out["zeta_paper_before_max"] = _med_max(w, "zeta_paper")
     return out

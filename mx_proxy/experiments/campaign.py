@@ -45,7 +45,7 @@ from mx_proxy.training.config import Config
 from mx_proxy.training.engine import compiler_options, dynamic_for, program_for
 from mx_proxy.training.result import Run
 
-__all__ = ["KINDS", "Entry", "plan", "run", "export", "load_results", "load_result", "results_index"]
+__all__ = ["KINDS", "Entry", "plan", "run", "export", "load_results", "load_result", "results_index", "lr_label"]
 
 KINDS = ("grid", "paired", "control", "intervention")
 
@@ -59,7 +59,8 @@ class Entry:
     config: Config
 
 
-def _lr(v: float) -> str:
+def lr_label(v: float) -> str:
+    """A learning rate as the labels write it: 6e-4, 1e-3."""
     return f"{v:.0e}".replace("e-0", "e-")
 
 
@@ -81,7 +82,7 @@ def plan(scale: str | _scales.Scale, kinds: Iterable[str] = KINDS) -> list[Entry
                     cfg = base.replace(width=w, recipe=r, lr=lr, steps=c.grid_steps,
                                        diagnostics_every=c.grid_diagnostics_every,
                                        val_every=_multiple(base.val_every, c.grid_diagnostics_every))
-                    out.append(Entry(f"grid-w{w}-{r}-lr{_lr(lr)}", "grid", cfg))
+                    out.append(Entry(f"grid-w{w}-{r}-lr{lr_label(lr)}", "grid", cfg))
     paired_base = s.config.replace(steps=c.paired_steps, paired_run=True, checkpoint_every=c.checkpoint_every,
                                    checkpoint_at=tuple(c.intervention_steps))
     if "paired" in kinds:
@@ -90,7 +91,7 @@ def plan(scale: str | _scales.Scale, kinds: Iterable[str] = KINDS) -> list[Entry
                 for lr in c.paired_lrs:
                     for seed in c.seeds:
                         cfg = paired_base.replace(width=w, recipe=r, lr=lr, seed=seed)
-                        out.append(Entry(f"paired-w{w}-{r}-lr{_lr(lr)}-s{seed}", "paired", cfg))
+                        out.append(Entry(f"paired-w{w}-{r}-lr{lr_label(lr)}-s{seed}", "paired", cfg))
     if "control" in kinds:
         for w in c.paired_widths:
             for recipe, ref, offset in c.controls:
@@ -184,21 +185,23 @@ def load_result(folder: str | os.PathLike) -> Run:
 
 
 def run(scale: str | _scales.Scale, out: str | os.PathLike, *, kinds: Iterable[str] = KINDS,
-        widths: Iterable[int] | None = None, progress: bool = True, store: bool = True,
-        log: Callable[[str], None] = print, estimate: bool = False) -> pd.DataFrame:
+        widths: Iterable[int] | None = None, seeds: Iterable[int] | None = None, progress: bool = True,
+        store: bool = True, log: Callable[[str], None] = print, estimate: bool = False) -> pd.DataFrame:
     """Train (or load) every run of the scale's campaign into ``out/runs`` (or
     memory only with ``store=False``) and export each to ``out/results`` as
     soon as it is done; returns the index.
 
     ``kinds``: the parts to run (``grid``, ``paired``, ``control``,
-    ``intervention``); ``widths``: only these widths. Runs of one width and
+    ``intervention``); ``widths``: only these widths; ``seeds``: the paired
+    runs and controls at these student-init seeds instead of the scale's
+    (:func:`~mx_proxy.experiments.scales.with_seeds`). Runs of one width and
     recipe that differ only in LR or seed train as one vmapped program.
     Interrupted, it resumes: finished runs load from the store and an
     unfinished one continues from its last checkpoint. ``estimate``: first
     time two steps of each paired run still to train and log the expected
     wall time (a compile each).
     """
-    s = scale if isinstance(scale, _scales.Scale) else _scales.get(scale)
+    s = _scales.with_seeds(scale, seeds)
     kinds = _check_kinds(kinds)
     out = Path(out).resolve()
     store, results = (out / "runs" if store else None), out / "results"

@@ -74,7 +74,8 @@ def _seconds_per_step(folder: Path) -> float:
 
 
 def status(scale: str | _scales.Scale, out: str | os.PathLike,
-           kinds: Iterable[str] = ("paired", "control", "grid"), widths: Iterable[int] | None = None) -> pd.DataFrame:
+           kinds: Iterable[str] = ("paired", "control", "grid"), widths: Iterable[int] | None = None,
+           seeds: Iterable[int] | None = None) -> pd.DataFrame:
     """One row per planned run of ``scale``'s campaign in ``out``: ``label``,
     ``kind``, ``state`` (one of :data:`STATES`), ``step`` (steps done: the
     newest checkpoint's, or the finished run's), ``steps`` (planned),
@@ -83,7 +84,8 @@ def status(scale: str | _scales.Scale, out: str | os.PathLike,
     ``zeta_paper_median``, ``zeta_paper_max``, ``ln_clamp_max``; NaN where a
     run records none), ``s_per_step`` (the fastest interval between two
     consecutive checkpoints) and ``eta_h`` (the steps left at that speed).
-    ``widths``: only the runs of these model widths.
+    ``widths``: only the runs of these model widths; ``seeds``: the paired
+    runs and controls at these seeds (as :func:`campaign.run`).
 
     Raises:
       ValueError: a scale without a campaign or an unknown part (naming the valid ones).
@@ -91,7 +93,7 @@ def status(scale: str | _scales.Scale, out: str | os.PathLike,
     out = Path(out)
     rows = []
     widths = None if widths is None else set(widths)
-    for e in _campaign.plan(scale, kinds):
+    for e in _campaign.plan(_scales.with_seeds(scale, seeds), kinds):
         if widths is not None and e.config.width not in widths:
             continue
         row = {"label": e.label, "kind": e.kind, "state": "not started", "step": 0, "steps": e.config.steps,

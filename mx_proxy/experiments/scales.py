@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 from mx_proxy.training.config import Config
 
-__all__ = ["Scale", "Campaign", "SCALES", "STRESS_RESERVED", "get", "names"]
+__all__ = ["Scale", "Campaign", "SCALES", "STRESS_RESERVED", "get", "names", "with_seeds"]
 
 # Config fields a scale's stress setting may not change: each system of
 # notebook 09 sets the first three, stress_seeds the last.
@@ -316,3 +316,24 @@ def get(name: "str | Scale") -> Scale:
     if isinstance(name, str) and name in SCALES:
         return SCALES[name]
     raise ValueError(f"unknown scale {name!r}; valid: {', '.join(SCALES)}")
+
+
+def with_seeds(scale: "str | Scale", seeds) -> Scale:
+    """The scale with its campaign's paired runs and controls at ``seeds``
+    (student-init seeds) instead of its own; ``None`` keeps them.
+
+    Raises:
+      ValueError: a scale without a campaign, or seeds that are not distinct
+        non-negative integers (naming them).
+    """
+    s = get(scale)
+    if seeds is None:
+        return s
+    if s.campaign is None:
+        raise ValueError(f"scale {s.name!r} has no campaign; scales with one: "
+                         f"{', '.join(n for n in names() if get(n).campaign)}")
+    seeds = tuple(seeds)
+    if not seeds or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in seeds) \
+            or len(set(seeds)) != len(seeds):
+        raise ValueError(f"campaign seeds must be distinct non-negative integers (at least one), got {list(seeds)}")
+    return dataclasses.replace(s, campaign=dataclasses.replace(s.campaign, seeds=seeds))

@@ -120,6 +120,21 @@ def test_campaign_figures_draw_everything_a_results_folder_holds(smoke, tmp_path
     assert sorted(p.rsplit("/", 1)[-1] for p in paths) == sorted(f"{n}.png" for n in figures.HEADLINE)
 
 
+def test_seeds_replace_the_scales_seeds_of_paired_runs_and_controls():
+    s = scales.with_seeds("paper", (1, 2))
+    entries = campaign.plan(s, ("paired", "control"))
+    assert sorted(e.label for e in entries if e.kind == "paired") == [
+        f"paired-w512-{r}-lr6e-4-s{k}" for r in ("mxfp8_e4m3", "paper_e4m3") for k in (1, 2)]
+    assert {e.config.seed for e in entries} == {1, 2}
+    assert {e.config.reference_seed for e in entries if "seed+1" in e.label} == {2, 3}
+    assert scales.with_seeds("paper", None) is scales.get("paper")
+    for bad in ((), (1, 1), (-1,), (True,)):
+        with pytest.raises(ValueError, match="campaign seeds must be distinct non-negative integers"):
+            scales.with_seeds("paper", bad)
+    with pytest.raises(ValueError, match="has no campaign"):
+        scales.with_seeds("quick", (1,))
+
+
 def test_cli_campaign_reports_bad_input_with_status_2(capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
         cli.main(["campaign", "--scale", "quick", "--out", str(tmp_path)])
@@ -128,6 +143,9 @@ def test_cli_campaign_reports_bad_input_with_status_2(capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
         cli.main(["campaign", "--scale", "smoke", "--out", str(tmp_path), "--only", "everything"])
     assert e.value.code == 2
+    with pytest.raises(SystemExit) as e:
+        cli.main(["campaign", "--scale", "smoke", "--out", str(tmp_path), "--seeds", "3", "3", "--status"])
+    assert e.value.code == 2 and "got [3, 3]" in capsys.readouterr().err
 
 
 def test_every_scale_campaign_is_consistent():
@@ -190,6 +208,10 @@ def test_cli_campaign_status_prints_the_table(smoke, capsys):
     assert "state" in text and "done" in text and "paired-" in text and "grid-" not in text
     assert cli.main(["campaign", "--scale", "smoke", "--out", str(out), "--status", "--widths", "7"]) == 0
     assert "no planned runs" in capsys.readouterr().out
+    assert cli.main(["campaign", "--scale", "smoke", "--out", str(out), "--status", "--only", "paired",
+                     "--seeds", "5"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("paired-")]
+    assert rows and all("-s5" in r and "not started" in r for r in rows)
 
 
 def test_headline_numbers_of_a_diverged_run_look_at_the_steps_before_it():

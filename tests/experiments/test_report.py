@@ -1,0 +1,114 @@
+"""``mx-proxy report``: the headline numbers of a results folder, and the README blocks they write."""
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mx_proxy.cli import main as cli
+from mx_proxy.experiments import analysis, report
+from mx_proxy.training.config import Config
+from mx_proxy.training.result import Run
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(diverged_at=None, steps=2000, recipe="paper_e4m3"):
+    """A paired run with set metrics: block 0's gains drift from 1.0 to 0.9 (more than half clamped from step
+    1200, all from 1600), block 1's stay at 1.02; one loss jump to 5× at step 700; diagnostics every 20 steps."""
+    s = np.arange(steps)
+    diag = s % 20 == 0
+    loss = np.full(steps, 0.1)
+    loss[700] = 0.5
+    m = pd.DataFrame({"step": s, "loss": loss, "ref_loss": np.where(s == 1500, 0.05, 0.1),
+                      "zeta_bound": np.where(diag, np.where(s < 1200, 0.5, 1.5), np.nan),
+                      "zeta_paper": np.where(s == 300, 40.0, 1.0),
+                      "ln_gain_mean/block_0": np.where(diag, 1.0 - 0.1 * s / (steps - 1), np.nan),
+                      "ln_gain_mean/block_1": np.where(diag, 1.02, np.nan),
+                      "ln_clamp_frac/block_0": np.where(diag, np.select([s >= 1600, s >= 1200], [1.0, 0.6], 0.0), np.nan),
+                      "ln_clamp_frac/block_1": np.where(diag, 0.0, np.nan)})
+    m["ln_clamp_frac"] = (m["ln_clamp_frac/block_0"] + m["ln_clamp_frac/block_1"]) / 2
+    info = {"kind": "paired", "label": f"paired-{recipe}"}
+    return Run(Config(steps=steps, depth=2, recipe=recipe, paired_run=True), m, diverged_at, info=info)
+
+
+def test_gain_drift_reads_each_blocks_means_and_its_clamp_onset():
+    d = analysis.gain_drift(_run())
+    assert list(d["block"]) == [0, 1]
+    # block 0: mean over diagnostic steps 0..240 and 1760..1980 of the linear drift
+    first = np.mean([1.0 - 0.1 * t / 1999 for t in range(0, 250, 20)])
+    last = np.mean([1.0 - 0.1 * t / 1999 for t in range(1760, 2000, 20)])
+    assert d["first"][0] == pytest.approx(first) and d["last"][0] == pytest.approx(last)
+    assert list(d["in_band"]) == [True, False]  # 0.905 inside [0.875, 1); 1.02 above
+    assert d["half_clamped_at"][0] == 1200 and d["all_clamped_at"][0] == 1600
+    assert pd.isna(d["half_clamped_at"][1]) and pd.isna(d["all_clamped_at"][1])
+
+
+def test_headline_finds_the_jump_the_fp32_ratio_peak_and_the_paper_zeta_peak():
+    h = analysis.headline(_run())
+    assert h["steps"] == 2000 and h["diverged_at"] is None and h["blowup_at"] is None
+    assert h["max_jump"] == pytest.approx(5.0) and h["max_jump_at"] == 700
+    assert h["fp32_ratio_max"] == pytest.approx(2.0) and h["fp32_ratio_max_at"] == 1500  # step 700 is before 1000
+    assert h["zeta_paper_max"] == 40.0 and h["zeta_paper_max_at"] == 300
+    assert h["vs_fp32_pct"] == pytest.approx(0.0)
+
+
+def test_a_diverged_run_reports_the_steps_before_its_divergence():
+    r = _run(diverged_at=1900)
+    r.metrics.loc[r.metrics.step >= 1900, "loss"] = np.inf
+    h = analysis.headline(r)
+    assert h["zeta_before"] == 1.5 and h["zeta_before_max"] == 1.5  # steps 1400..1899
+    d = analysis.gain_drift(r)  # the last 250 steps before the divergence: diagnostic steps 1660..1880
+    assert d["last"][0] == pytest.approx(np.mean([1.0 - 0.1 * t / 1999 for t in range(1660, 1900, 20)]))
+    text = report.markdown([r])
+    assert "| at step 1900 |" in text and "over the 500 steps before its divergence" in text
+
+
+def test_markdown_writes_one_row_per_run_with_its_numbers():
+    stable, mx = _run(), _run(recipe="mxfp8_e4m3")
+    text = report.markdown([mx, stable], source="somewhere")
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    assert [r.split("|")[1].strip().split()[0] for r in rows] == ["`paper_e4m3`", "`mxfp8_e4m3`"]
+    assert "0.50 / 1.50" in rows[0]  # same-point bound median / max: 60 diagnostic steps at 0.5, 40 at 1.5
+    assert "1.00 / 40.0" in rows[0]  # the paper's ζ
+    assert "(counted)" in rows[0] and "(counted)" not in rows[1]  # mxfp8_e4m3 quantizes the LN gains
+    assert "(1 of 2)" in rows[0] and "block 0: 1200 / 1600" in rows[0]
+    assert "largest loss jump 5.0× its minimum over the previous 100 steps (step 700)" in text
+    assert "(somewhere)" in text.splitlines()[0] and "LR 6e-4" in text.splitlines()[0]
+
+
+def test_markdown_rejects_results_without_paired_runs(tmp_path):
+    r = _run()
+    r.info["kind"] = "grid"
+    with pytest.raises(ValueError, match="no paired or control runs.*grid"):
+        report.markdown([r])
+    with pytest.raises(ValueError, match="no campaign results in"):
+        report.for_folder(tmp_path)
+
+
+def test_readme_report_blocks_are_the_reports_of_the_committed_results(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    found = [(doc, folder, body) for doc in ("README.md", "docs/campaign.md")
+             for folder, body in report.blocks((ROOT / doc).read_text())]
+    assert any(doc == "README.md" for doc, _, _ in found)
+    for doc, folder, body in found:
+        assert body == report.for_folder(folder), f"{doc}: the block of {folder} is stale; run " \
+                                                  f"`mx-proxy report --update {doc}`"
+
+
+def test_cli_report_prints_and_updates(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert cli.main(["report", "results/medium"]) == 0
+    printed = capsys.readouterr().out
+    assert printed == report.for_folder("results/medium")
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"intro\n{report.BEGIN.format('results/medium')}\nold table\n{report.END}\nafter\n")
+    assert cli.main(["report", "--update", str(doc)]) == 0
+    assert doc.read_text() == f"intro\n{report.BEGIN.format('results/medium')}\n{printed}{report.END}\nafter\n"
+    assert "already up to date" not in capsys.readouterr().out
+    assert cli.main(["report", "--update", str(doc)]) == 0
+    assert "already up to date" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as err:
+        cli.main(["report", str(tmp_path / "nothing")])
+    assert err.value.code == 2 and "no campaign results in" in capsys.readouterr().err
