@@ -9,7 +9,8 @@
 # finishes, so a time-limited call keeps everything it finished and a second
 # call resumes from the run store. Finished results and their figures are
 # copied to $OUT/results/paper and $OUT/figures when $OUT is set (the device
-# machine's output folder), else to results/paper and figures/.
+# machine's output folder), else to results/paper and figures/; the headline
+# (`mx-proxy report`) is printed and kept in WORK/report.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LIMIT="${1:-480}"
@@ -31,5 +32,6 @@ if [ -d "$WORK/results" ]; then
   cp -r "$WORK/results/." "$DEST/"
   python -m mx_proxy.cli figures --only headline_lr_sweep headline_zeta headline_ln_clamping headline_interventions \
       --results "$(dirname "$DEST")" --out "$(dirname "$(dirname "$DEST")")/figures" --no-store || true
+  python -m mx_proxy.cli report "$DEST" | tee "$WORK/report.md" || true  # the headline as Markdown
 fi
 ls "$DEST" | head -50
