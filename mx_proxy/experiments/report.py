@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 
 from mx_proxy.experiments import analysis, campaign
@@ -139,17 +140,16 @@ def markdown(runs: list[Run], source: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _block_pattern() -> re.Pattern:
+    head, tail = (re.escape(part) for part in BEGIN.split("{}"))
+    return re.compile(rf"^{head}(\S+){tail}\n(.*?)^{re.escape(END)}$", re.M | re.S)
+
+
 def blocks(text: str) -> list[tuple[str, str]]:
     """The report blocks of a Markdown text: ``(results folder, body)`` for
-    each ``BEGIN``…``END`` pair (the body between the two marker lines)."""
-    out, pos = [], 0
-    head, tail = BEGIN.split("{}")
-    while (i := text.find(head, pos)) >= 0:
-        j = text.index(tail, i + len(head))
-        k = text.index(END, j)
-        out.append((text[i + len(head):j].strip(), text[j + len(tail):k].strip("\n") + "\n"))
-        pos = k + len(END)
-    return out
+    each ``BEGIN`` line (naming the folder) and the next ``END`` line, each
+    marker a line of its own; the body is what lies between them."""
+    return [(m.group(1), m.group(2).strip("\n") + "\n") for m in _block_pattern().finditer(text)]
 
 
 def for_folder(results: str | os.PathLike) -> str:
@@ -166,13 +166,8 @@ def update(path: str | os.PathLike) -> bool:
     results folder (relative to the current directory); returns whether the
     file changed."""
     path = Path(path)
-    text = old = path.read_text()
-    head, tail = BEGIN.split("{}")
-    for folder, body in blocks(text):
-        marker = BEGIN.format(folder)
-        i = text.index(marker) + len(marker)
-        k = text.index(END, i)
-        text = text[:i] + "\n" + for_folder(folder) + text[k:]
+    old = path.read_text()
+    text = _block_pattern().sub(lambda m: f"{BEGIN.format(m.group(1))}\n{for_folder(m.group(1))}{END}", old)
     if text != old:
         path.write_text(text)
     return text != old

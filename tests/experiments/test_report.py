@@ -103,9 +103,10 @@ def test_cli_report_prints_and_updates(tmp_path, capsys, monkeypatch):
     printed = capsys.readouterr().out
     assert printed == report.for_folder("results/medium")
     doc = tmp_path / "doc.md"
-    doc.write_text(f"intro\n{report.BEGIN.format('results/medium')}\nold table\n{report.END}\nafter\n")
+    inline = f"prose naming `{report.BEGIN.format('FOLDER')}` inline is not a block\n"
+    doc.write_text(f"{inline}{report.BEGIN.format('results/medium')}\nold table\n{report.END}\nafter\n")
     assert cli.main(["report", "--update", str(doc)]) == 0
-    assert doc.read_text() == f"intro\n{report.BEGIN.format('results/medium')}\n{printed}{report.END}\nafter\n"
+    assert doc.read_text() == f"{inline}{report.BEGIN.format('results/medium')}\n{printed}{report.END}\nafter\n"
     assert "already up to date" not in capsys.readouterr().out
     assert cli.main(["report", "--update", str(doc)]) == 0
     assert "already up to date" in capsys.readouterr().out
