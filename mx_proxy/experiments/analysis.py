@@ -20,7 +20,7 @@ from mx_proxy.training.config import Config
 from mx_proxy.training.result import Run
 
 __all__ = ["instability", "blowup_window", "summary", "clamp_window", "zeta_by_clamping", "paper_metric_table",
-           "gain_drift", "headline"]
+           "unstable_at", "gain_drift", "headline"]
 
 
 def blowup_window(run: Run) -> int:
@@ -175,14 +175,32 @@ def _first_step(m: pd.DataFrame, hot: pd.Series) -> int | None:
     return int(m["step"][hot].iloc[0]) if hot.any() else None
 
 
+def unstable_at(run: Run, measures: dict | None = None) -> int | None:
+    """Where the run stopped being stable: the engine's ``diverged_at``, or
+    else the first 10× blow-up over the recent minimum (:func:`instability`'s
+    ``blowup_at``: a run can blow up by orders of magnitude in a few steps,
+    each below the engine's one-step ``spike_factor``, and train on);
+    ``None`` for a stable run. ``measures``: :func:`instability` of ``run``,
+    if already computed."""
+    if run.diverged_at is not None:
+        return run.diverged_at
+    return (measures or instability(run))["blowup_at"]
+
+
+def _stable_part(run: Run, onset: int | None) -> pd.DataFrame:
+    m = run.metrics
+    return m if onset is None else m[m["step"] < onset]
+
+
 def gain_drift(run: Run, window: int = 250) -> pd.DataFrame:
     """The LN gains' drift, one row per block: their mean (``ln_gain_mean``)
     averaged over the diagnostic steps of the first and of the last
-    ``window`` steps before any divergence (``first``, ``last``), whether
-    ``last`` lies in E4M3's clamp band [0.875, 1) (``in_band``), and the first
-    step at which more than half (``half_clamped_at``) and all
-    (``all_clamped_at``) of the block's gains clamped (``None``: never)."""
-    m = _before_divergence(run)
+    ``window`` steps before the run became unstable (:func:`unstable_at`;
+    all of a stable run) (``first``, ``last``), whether ``last`` lies in
+    E4M3's clamp band [0.875, 1) (``in_band``), and the first step at which
+    more than half (``half_clamped_at``) and all (``all_clamped_at``) of the
+    block's gains clamped (``None``: never)."""
+    m = _stable_part(run, unstable_at(run))
     cols = sorted((c for c in m if c.startswith("ln_gain_mean/block_")), key=lambda c: int(c.rsplit("_", 1)[1]))
     d = m.dropna(subset=cols)
     end = int(m["step"].iloc[-1]) + 1 if len(m) else 0
@@ -207,17 +225,20 @@ def headline(run: Run, tail: int = 100, before: int = 500, settle: int = 1000) -
     of a finished run; those before the newest checkpoint of one in progress).
 
     ``steps``: steps recorded. ``loss`` and ``vs_fp32_pct``: the mean loss
-    over the last ``tail`` recorded steps before any divergence, and how far
-    above (+) or below its FP32 run's mean loss over the same steps it is, in
-    %. ``fp32_ratio_max`` (at ``fp32_ratio_max_at``): the largest loss / FP32
-    loss ratio from step ``settle`` on. ``zeta_median``, ``zeta_max``: the
-    same-point ‖ζ‖ bound over the diagnostic steps before any divergence;
-    ``zeta_paper_median``, ``zeta_paper_max`` (at ``zeta_paper_max_at``): the
-    paper's ζ likewise; ``ln_clamp_max``: the largest fraction of LN gains
-    clamped; ``clamp_window``: :func:`clamp_window`; and the
-    :func:`instability` measures. A diverged run adds ``zeta_before``,
-    ``zeta_before_max``, ``zeta_paper_before`` (medians and maximum) and
-    ``zeta_paper_before_max`` over the ``before`` steps before its divergence.
+    over the last ``tail`` recorded steps before any divergence (the end of
+    the run, whatever happened in it), and how far above (+) or below its
+    FP32 run's mean loss over the same steps it is, in %.
+    ``fp32_ratio_max`` (at ``fp32_ratio_max_at``): the largest loss / FP32
+    loss ratio from step ``settle`` on, and ``loss_max`` (at
+    ``loss_max_at``) the largest loss. The :func:`instability` measures, and
+    ``unstable_at`` (:func:`unstable_at`). Over the steps before
+    ``unstable_at`` (all of a stable run): ``zeta_median``, ``zeta_max``, the
+    same-point ‖ζ‖ bound; ``zeta_paper_median``, ``zeta_paper_max`` (at
+    ``zeta_paper_max_at``), the paper's ζ; ``ln_clamp_max``, the largest
+    fraction of LN gains clamped; ``clamp_window``: :func:`clamp_window`.
+    An unstable run adds ``zeta_before``, ``zeta_before_max``,
+    ``zeta_paper_before`` (medians and maximum) and
+    ``zeta_paper_before_max`` over the ``before`` steps before ``unstable_at``.
     """
     m = _before_divergence(run)
     last = m.tail(tail)
@@ -226,21 +247,26 @@ def headline(run: Run, tail: int = 100, before: int = 500, settle: int = 1000) -
     out = {"steps": int(len(run.metrics)), "loss": mean,
            "vs_fp32_pct": 100.0 * (mean / ref_mean - 1.0) if ref_mean > 0 else float("nan")}
     out.update(instability(run))
+    out["unstable_at"] = onset = unstable_at(run, out)
     late = m[m["step"] >= settle]
     ratio = (late["loss"] / late["ref_loss"]).to_numpy(dtype=float) if "ref_loss" in m else np.array([])
     ok = np.isfinite(ratio)
     out["fp32_ratio_max"] = float(ratio[ok].max()) if ok.any() else float("nan")
     out["fp32_ratio_max_at"] = int(late["step"].to_numpy()[ok][np.argmax(ratio[ok])]) if ok.any() else None
-    out["zeta_median"], out["zeta_max"] = _med_max(m, "zeta_bound")
-    out["zeta_paper_median"], out["zeta_paper_max"] = _med_max(m, "zeta_paper")
-    zp = m.dropna(subset=["zeta_paper"]) if "zeta_paper" in m else m.iloc[0:0]
+    finite = m[np.isfinite(m["loss"].to_numpy(dtype=float))]
+    out["loss_max"] = float(finite["loss"].max()) if len(finite) else float("nan")
+    out["loss_max_at"] = int(finite["step"].loc[finite["loss"].idxmax()]) if len(finite) else None
+    s = _stable_part(run, onset)
+    out["zeta_median"], out["zeta_max"] = _med_max(s, "zeta_bound")
+    out["zeta_paper_median"], out["zeta_paper_max"] = _med_max(s, "zeta_paper")
+    zp = s.dropna(subset=["zeta_paper"]) if "zeta_paper" in s else s.iloc[0:0]
     zp = zp[np.isfinite(zp["zeta_paper"].to_numpy(dtype=float))] if len(zp) else zp
     out["zeta_paper_max_at"] = int(zp["step"].loc[zp["zeta_paper"].idxmax()]) if len(zp) else None
-    clamp = _finite(m, "ln_clamp_frac")
+    clamp = _finite(s, "ln_clamp_frac")
     out["ln_clamp_max"] = float(clamp.max()) if len(clamp) else float("nan")
     out["clamp_window"] = clamp_window(run)
-    if run.diverged_at is not None:
-        w = m[m["step"] >= run.diverged_at - before]
+    if onset is not None:
+        w = s[s["step"] >= onset - before]
         out["zeta_before"], out["zeta_before_max"] = _med_max(w, "zeta_bound")
         out["zeta_paper_before"], out["zeta_paper_before_max"] = _med_max(w, "zeta_paper")
     return out

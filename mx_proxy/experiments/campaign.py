@@ -37,7 +37,7 @@ from typing import Callable, Iterable
 import jax
 import pandas as pd
 
-from mx_proxy.experiments import scales as _scales
+from mx_proxy.experiments import analysis, scales as _scales
 from mx_proxy.runner import interventions, loop as runner
 from mx_proxy.store import run_store as _store
 from mx_proxy.training import twins
@@ -45,7 +45,8 @@ from mx_proxy.training.config import Config
 from mx_proxy.training.engine import compiler_options, dynamic_for, program_for
 from mx_proxy.training.result import Run
 
-__all__ = ["KINDS", "Entry", "plan", "run", "export", "load_results", "load_result", "results_index", "lr_label"]
+__all__ = ["KINDS", "Entry", "plan", "run", "export", "load_results", "load_result", "results_index", "lr_label",
+           "intervention_steps"]
 
 KINDS = ("grid", "paired", "control", "intervention")
 
@@ -264,11 +265,28 @@ def run(scale: str | _scales.Scale, out: str | os.PathLike, *, kinds: Iterable[s
     return index
 
 
+def intervention_steps(campaign_: _scales.Campaign, parent: Run) -> list[int]:
+    """The steps to continue ``parent`` from: with
+    ``interventions_after_divergence``, the campaign's intervention steps
+    before the run became unstable (:func:`analysis.unstable_at`: diverged,
+    or blew up 10× over its recent minimum) and its newest checkpoint before
+    that, or none for a stable run; otherwise the campaign's steps (those
+    before a divergence)."""
+    onset = analysis.unstable_at(parent) if campaign_.interventions_after_divergence else parent.diverged_at
+    if campaign_.interventions_after_divergence and onset is None:
+        return []
+    steps = [t for t in campaign_.intervention_steps if onset is None or t < onset]
+    if campaign_.interventions_after_divergence:
+        before = [t for t in interventions.checkpoint_steps(parent) if t < onset]
+        steps += [max(before)] if before and max(before) not in steps else []
+    return sorted(steps)
+
+
 def _interventions(s: _scales.Scale, widths, store, results, progress, log):
     """Fig. 7: paired runs at the largest width (first LR and seed) continued
-    from each intervention step with each mitigation: the first paired
-    recipe's run, or, with ``interventions_after_divergence``, every paired
-    run that diverged (from the steps before its divergence)."""
+    from each of :func:`intervention_steps` with each mitigation: the first
+    paired recipe's run, or, with ``interventions_after_divergence``, every
+    paired run that diverged or blew up."""
     c = s.campaign
     paired = [e for e in plan(s, ("paired",)) if widths is None or e.config.width in widths]
     if not paired:
@@ -280,19 +298,21 @@ def _interventions(s: _scales.Scale, widths, store, results, progress, log):
         first = [e for e in first if e.config.recipe.name == c.paired_recipes[0]]
     for p in first:
         parent = runner.train(p.config, store=store, progress=progress)
-        if c.interventions_after_divergence and parent.diverged_at is None:
-            log(f"  {p.label}: stable to step {p.config.steps}, no interventions needed")
+        steps = intervention_steps(c, parent)
+        if not steps:
+            log(f"  {p.label}: stable to step {p.config.steps}, no interventions needed"
+                if analysis.unstable_at(parent) is None else f"  {p.label}: no checkpoint before it became "
+                f"unstable (step {analysis.unstable_at(parent)})")
             continue
-        for t in c.intervention_steps:
-            if parent.diverged_at is not None and t >= parent.diverged_at:
-                log(f"  {p.label}: diverged at {parent.diverged_at}, before the intervention at {t}")
-                continue
+        for t in steps:
             for name in c.interventions:
                 child = interventions.intervene(parent, t, apply=name, checkpoint_at=(), checkpoint_every=0,
                                                 store=store or False, progress=progress)
                 label = f"intervention-{p.label.removeprefix('paired-')}-at{t}-{name}"
                 export(child, label, "intervention", results)
-                status = f"diverged at {child.diverged_at}" if child.diverged_at is not None else "stable"
+                onset = analysis.unstable_at(child)
+                status = "stable" if onset is None or onset < t else (
+                    f"diverged at {child.diverged_at}" if child.diverged_at is not None else f"blew up at {onset}")
                 log(f"  {label}: final loss {child.final_loss:.4g}, {status}")
 
 

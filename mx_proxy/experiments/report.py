@@ -18,6 +18,9 @@ import os
 import re
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+
 from mx_proxy.experiments import analysis, campaign
 from mx_proxy.training.result import Run
 
@@ -37,7 +40,9 @@ def _num(v: float) -> str:
 
 
 def _pct(v: float) -> str:
-    return "–" if not math.isfinite(v) else f"{v:+.2f} %".replace("-", "−")
+    if not math.isfinite(v):
+        return "–"
+    return f"{v:+.{2 if abs(v) < 10 else 1 if abs(v) < 100 else 0}f} %".replace("-", "−")
 
 
 def _name(r: Run) -> str:
@@ -50,20 +55,25 @@ def _name(r: Run) -> str:
 
 
 def _diverged(r: Run, h: dict) -> str:
+    """The engine's divergence (non-finite loss or a one-step spike), else a blow-up, else ``no``."""
     if r.diverged_at is not None:
-        return f"at step {r.diverged_at}"
-    return "no" if h["blowup_at"] is None else f"no (10× blow-up at step {h['blowup_at']})"
+        return f"diverged at step {r.diverged_at}"
+    if h["blowup_at"] is not None:
+        return f"**blew up at step {h['blowup_at']}** (loss up to {h['loss_max']:.3g} at step {h['loss_max_at']})"
+    return "no"
 
 
 def _steps(v) -> str:
-    return "never" if v is None or v != v else str(int(v))
+    return "never" if v is None or pd.isna(v) else str(int(v))
 
 
 def _row(r: Run, h: dict, drift) -> str:
     counted = " (counted)" if r.config.recipe.ln_affine is None else ""
     same = "0 (nothing quantized)" if h["zeta_max"] == 0 else f"{_num(h['zeta_median'])} / {_num(h['zeta_max'])}"
     gains = " / ".join(f"{v:.3f}" for v in drift["last"]) if len(drift) else "–"
-    first = drift.dropna(subset=["half_clamped_at"]).sort_values("half_clamped_at").head(1)
+    full = drift.dropna(subset=["all_clamped_at"]).sort_values("all_clamped_at", kind="stable")
+    first = full.head(1) if len(full) else drift.dropna(subset=["half_clamped_at"]).sort_values(
+        "half_clamped_at", kind="stable").head(1)
     onset = (f"block {int(first['block'].iloc[0])}: {_steps(first['half_clamped_at'].iloc[0])} / "
              f"{_steps(first['all_clamped_at'].iloc[0])}") if len(first) else "never"
     return (f"| {_name(r)} | {_diverged(r, h)} | {_pct(h['vs_fp32_pct'])} | {same} | "
@@ -73,18 +83,44 @@ def _row(r: Run, h: dict, drift) -> str:
 
 
 def _facts(r: Run, h: dict, drift) -> str:
-    s = (f"- {_name(r)}: largest loss jump {h['max_jump']:.1f}× its minimum over the previous "
-         f"{analysis.blowup_window(r)} steps (step {h['max_jump_at']}); from step 1000 on, at most {h['fp32_ratio_max']:.2f}× the FP32 run's loss (step "
-         f"{h['fp32_ratio_max_at']}); the paper's ζ peaked at step {h['zeta_paper_max_at']}")
-    if len(drift):
-        s += (f"; LN gain means of blocks 0–{len(drift) - 1} went from "
-              f"{' / '.join(f'{v:.3f}' for v in drift['first'])} (first 250 steps) to "
-              f"{' / '.join(f'{v:.3f}' for v in drift['last'])} (last 250)")
-    if r.diverged_at is not None:
-        s += (f"; over the 500 steps before its divergence the same-point ‖ζ‖ bound had median "
+    onset = h["unstable_at"]
+    w = analysis.blowup_window(r)
+    s = f"- {_name(r)}: "
+    if onset is None:
+        s += (f"largest loss jump {h['max_jump']:.1f}× its minimum over the previous {w} steps (step "
+              f"{h['max_jump_at']}); from step 1000 on, at most {h['fp32_ratio_max']:.2f}× the FP32 run's loss (step "
+              f"{h['fp32_ratio_max_at']})")
+    else:
+        what = (f"diverged at step {onset}" if r.diverged_at is not None else
+                f"blew up at step {onset} (loss past 10× its minimum over the previous {w} steps; the engine's "
+                f"one-step rule, {r.config.spike_factor:g}× the previous step, never fired, so it trained on)")
+        s += (f"{what}; loss peaked at {h['loss_max']:.3g} (step {h['loss_max_at']}), {h['max_jump']:.0f}× its "
+              f"recent minimum, and over the last 100 steps it is {_pct(h['vs_fp32_pct'])} against the FP32 run's; "
+              f"over the 500 steps before step {onset} the same-point ‖ζ‖ bound had median "
               f"{_num(h['zeta_before'])} (max {_num(h['zeta_before_max'])}) and the paper's ζ median "
               f"{_num(h['zeta_paper_before'])} (max {_num(h['zeta_paper_before_max'])})")
+    s += f"; the paper's ζ peaked at step {h['zeta_paper_max_at']}" + (" (before the instability)" if onset else "")
+    if len(drift):
+        span = "last 250" if onset is None else f"250 before step {onset}"
+        s += (f"; LN gain means of blocks 0–{len(drift) - 1} went from "
+              f"{' / '.join(f'{v:.3f}' for v in drift['first'])} (first 250 steps) to "
+              f"{' / '.join(f'{v:.3f}' for v in drift['last'])} ({span})")
     return s + "."
+
+
+def _intervention_row(r: Run, parent: Run | None) -> str:
+    iv = r.info.get("intervention") or {}
+    at = iv.get("at_step")
+    what = "+".join(iv.get("apply") or []) or r.config.recipe.name
+    h = analysis.headline(r)
+    after = r.metrics[r.metrics["step"] >= (at or 0)]
+    fin = after[np.isfinite(after["loss"].to_numpy(dtype=float))]
+    onset = h["unstable_at"]
+    status = (f"diverged at step {r.diverged_at}" if r.diverged_at is not None else
+              f"blew up at step {onset}" if onset is not None and (at is None or onset >= at) else "no")
+    of = f"`{parent.config.recipe.name}`" if parent is not None else f"`{r.info.get('parent', '?')}`"
+    return (f"| `{what}` on {of} | {at if at is not None else '–'} → {int(r.metrics['step'].iloc[-1]) + 1} | "
+            f"{status} | {fin['loss'].max():.3g} | {h['loss']:.3g} |")
 
 
 def _order(r: Run) -> tuple:
@@ -104,8 +140,10 @@ def markdown(runs: list[Run], source: str | None = None) -> str:
     max over the diagnostic steps before any divergence); the largest
     fraction of all LN gains clamped (``counted``: the recipe leaves them
     unquantized); the blocks' mean LN gain over the last 250 steps and how
-    many lie in [0.875, 1); the first block whose gains were more than half
-    clamped, at which step, and when all of them first were."""
+    many lie in [0.875, 1) (of an unstable run: the 250 steps before it
+    became unstable); the first block whose gains were all clamped (or, if
+    none ever was, more than half), the step at which more than half of them
+    first were and the step at which all of them first were."""
     main = sorted((r for r in runs if r.info.get("kind") in ("paired", "control")), key=_order)
     if not main:
         raise ValueError(f"no paired or control runs in {source or 'these results'}; kinds present: "
@@ -118,9 +156,9 @@ def markdown(runs: list[Run], source: str | None = None) -> str:
              f"LR {campaign.lr_label(c.lr)}, {' / '.join(map(str, steps))} steps, seed{'s' if len(seeds) > 1 else ''} "
              f"{', '.join(map(str, seeds))}; each MX run trained with its FP32 run alongside"
              + (f" ({source})" if source else "") + ":", ""]
-    lines += ["| run | diverged | loss vs FP32, last 100 steps | same-point ‖ζ‖ median / max | paper's ζ median / max "
-              "| LN gains clamped, max | LN gain means, last 250 steps (in [0.875, 1)) | LN gains > ½ / all clamped "
-              "from step |", "|---|---|---|---|---|---|---|---|"]
+    lines += ["| run | diverged / blew up | loss vs FP32, last 100 steps | same-point ‖ζ‖ median / max | paper's ζ median / max "
+              "| LN gains clamped, max | LN gain means, last 250 steps (in [0.875, 1)) | first block all clamped: "
+              "> ½ / all from step |", "|---|---|---|---|---|---|---|---|"]
     facts = []
     for r in main:
         h, drift = analysis.headline(r), analysis.gain_drift(r)
@@ -130,13 +168,12 @@ def markdown(runs: list[Run], source: str | None = None) -> str:
     children = sorted((r for r in runs if r.info.get("kind") == "intervention"),
                       key=lambda r: ((r.info.get("intervention") or {}).get("at_step") or 0, r.info.get("label", "")))
     if children:
-        lines += ["", "| intervention | from step | diverged | final loss |", "|---|---|---|---|"]
+        by_key = {r.info.get("key"): r for r in main}
+        lines += ["", "Continued from the checkpoint at the first step shown, with one intervention each (Fig. 7):",
+                  "", "| intervention | steps | diverged / blew up | largest loss after the intervention "
+                      "| mean loss, last 100 steps |", "|---|---|---|---|---|"]
         for r in children:
-            iv = r.info.get("intervention") or {}
-            what = "+".join(iv.get("apply") or []) or r.config.recipe.name
-            lines.append(f"| `{what}` on `{r.info.get('label', '')}` | {iv.get('at_step', '–')} | "
-                         f"{'at step ' + str(r.diverged_at) if r.diverged_at is not None else 'no'} | "
-                         f"{r.final_loss:.4g} |")
+            lines.append(_intervention_row(r, by_key.get(r.info.get("parent"))))
     return "\n".join(lines) + "\n"
 
 

@@ -19,12 +19,18 @@ from mx_proxy.training.config import INTERVENABLE_FIELDS, Config  # the fields d
 from mx_proxy.training.engine import dynamic_for, program_for
 from mx_proxy.training.result import Run
 
-__all__ = ["intervene", "INTERVENABLE_FIELDS"]
+__all__ = ["intervene", "checkpoint_steps", "INTERVENABLE_FIELDS"]
+
 
 def _parent_sink(run: Run) -> ckpt.CheckpointSink:
     if run.path is not None:
         return ckpt.CheckpointSink(Path(run.path) / "checkpoints")
     return ckpt.CheckpointSink(memory=run.checkpoints)
+
+
+def checkpoint_steps(run: Run) -> list[int]:
+    """The steps ``run`` holds checkpoints at (in its store folder, or in memory): where it can be continued."""
+    return list(_parent_sink(run).steps())
 
 
 def _check_parent(parent: Run, sink: ckpt.CheckpointSink, at_step: int) -> None:

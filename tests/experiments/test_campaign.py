@@ -230,3 +230,28 @@ def test_headline_numbers_of_a_diverged_run_look_at_the_steps_before_it():
     assert np.isnan(h["ln_clamp_max"]) and h["clamp_window"] is None
     stable = analysis.headline(Run(Config(steps=1000), m[m.step < 900], None))
     assert "zeta_before" not in stable and stable["zeta_median"] == 2.0  # 25 diagnostic steps at 2.0, 20 at 0.5
+
+
+def test_interventions_start_before_a_divergence_or_a_blowup_and_from_the_newest_checkpoint_before_it():
+    from mx_proxy.training.config import Config
+    from mx_proxy.training.result import Run
+
+    def parent(loss_at=None, diverged_at=None, steps=8000):
+        loss = np.full(steps, 0.1)
+        if loss_at is not None:
+            loss[loss_at:] = 30.0  # 300×: a blow-up the engine's one-step rule would have caught only at 100×
+        m = pd.DataFrame({"step": np.arange(steps), "loss": loss})
+        run = Run(Config(steps=steps), m, diverged_at)
+        run.checkpoints = {t: None for t in (500, 1000, 4500, 5000, 5080, 5500, 6000, 6500, 7000, 7500)}
+        return run
+
+    after = scales.Campaign(paired_recipes=("paper_e4m3",), paired_widths=(32,), paired_lrs=(6e-4,), paired_steps=8000,
+                            intervention_steps=(4500, 5080), interventions=("fp32",),
+                            interventions_after_divergence=True)
+    assert campaign.intervention_steps(after, parent(loss_at=6841)) == [4500, 5080, 6500]
+    assert campaign.intervention_steps(after, parent(diverged_at=5300)) == [4500, 5080]  # 5080: the newest before
+    assert campaign.intervention_steps(after, parent(diverged_at=4700)) == [4500]
+    assert campaign.intervention_steps(after, parent()) == []  # stable: nothing to save
+    always = dataclasses.replace(after, interventions_after_divergence=False)
+    assert campaign.intervention_steps(always, parent()) == [4500, 5080]
+    assert campaign.intervention_steps(always, parent(diverged_at=5000)) == [4500]

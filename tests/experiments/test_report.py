@@ -62,7 +62,7 @@ def test_a_diverged_run_reports_the_steps_before_its_divergence():
     d = analysis.gain_drift(r)  # the last 250 steps before the divergence: diagnostic steps 1660..1880
     assert d["last"][0] == pytest.approx(np.mean([1.0 - 0.1 * t / 1999 for t in range(1660, 1900, 20)]))
     text = report.markdown([r])
-    assert "| at step 1900 |" in text and "over the 500 steps before its divergence" in text
+    assert "| diverged at step 1900 |" in text and "over the 500 steps before step 1900" in text
 
 
 def test_markdown_writes_one_row_per_run_with_its_numbers():
@@ -113,3 +113,45 @@ def test_cli_report_prints_and_updates(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit) as err:
         cli.main(["report", str(tmp_path / "nothing")])
     assert err.value.code == 2 and "no campaign results in" in capsys.readouterr().err
+
+
+def _blown_up(steps=2000, at=1500):
+    """A run whose loss climbs 900× over steps at, at+1 (30× a step: under the engine's one-step 100× rule)."""
+    r = _run(steps=steps)
+    loss = r.metrics["loss"].to_numpy().copy()
+    loss[700] = 0.1
+    loss[at:] = 0.1 * 30.0 ** np.minimum(np.arange(steps - at) + 1, 2)
+    r.metrics["loss"] = loss
+    return r
+
+
+def test_a_blown_up_run_is_unstable_from_its_blowup_and_reported_so():
+    r = _blown_up()
+    h = analysis.headline(r)
+    assert r.diverged_at is None and h["blowup_at"] == 1500 and h["unstable_at"] == 1500
+    assert h["loss_max"] == pytest.approx(90.0) and h["loss_max_at"] == 1501
+    assert h["zeta_before"] == 1.5 and h["zeta_median"] == 0.5  # the bound over steps < 1500: 60 at 0.5, 15 at 1.5
+    assert h["vs_fp32_pct"] == pytest.approx(89900.0)  # the end of the run, blow-up included
+    d = analysis.gain_drift(r)  # its last window ends at the blow-up
+    assert d["last"][0] == pytest.approx(np.mean([1.0 - 0.1 * t / 1999 for t in range(1260, 1500, 20)]))
+    text = report.markdown([r])
+    assert "**blew up at step 1500** (loss up to 90 at step 1501)" in text
+    assert "the engine's one-step rule, 100× the previous step, never fired" in text
+    assert "(250 before step 1500)" in text and "+89900 %" in text
+    assert analysis.unstable_at(_run()) is None
+
+
+def test_interventions_table_lists_each_child_with_its_outcome():
+    parent = _blown_up()
+    parent.info["key"] = "parentkey"
+    kids = []
+    for name, blown in (("fp32", False), ("paper_bump", True)):
+        k = _blown_up() if blown else _run()
+        k.metrics = k.metrics[k.metrics.step < 1800].reset_index(drop=True)
+        k.info = {"kind": "intervention", "label": f"intervention-{name}", "parent": "parentkey",
+                  "intervention": {"at_step": 1000, "apply": [name]}}
+        kids.append(k)
+    text = report.markdown([parent, *kids])
+    rows = [line for line in text.splitlines() if line.startswith("| `fp32` on") or line.startswith("| `paper_bump`")]
+    assert rows == ["| `fp32` on `paper_e4m3` | 1000 → 1800 | no | 0.1 | 0.1 |",
+                    "| `paper_bump` on `paper_e4m3` | 1000 → 1800 | blew up at step 1500 | 90 | 90 |"]
