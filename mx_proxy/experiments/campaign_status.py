@@ -36,7 +36,8 @@ STATES = ("done", "training", "interrupted", "not started")
 """``training``: a live process's training folder; ``interrupted``: its
 process is gone (a rerun of the campaign resumes from the newest checkpoint)."""
 
-MEASURES = ("loss", "vs_fp32_pct", "zeta_median", "zeta_max", "zeta_paper_median", "zeta_paper_max", "ln_clamp_max")
+MEASURES = ("unstable_at", "loss", "vs_fp32_pct", "zeta_median", "zeta_max", "zeta_paper_median", "zeta_paper_max",
+            "ln_clamp_max")
 """The columns of :func:`mx_proxy.experiments.analysis.headline` that :func:`status` shows."""
 
 
@@ -80,7 +81,9 @@ def status(scale: str | _scales.Scale, out: str | os.PathLike,
     ``kind``, ``state`` (one of :data:`STATES`), ``step`` (steps done: the
     newest checkpoint's, or the finished run's), ``steps`` (planned),
     ``diverged_at`` (finished runs), the measures of the recorded steps
-    (``loss``, ``vs_fp32_pct``, ``zeta_median``, ``zeta_max``,
+    (``unstable_at``: diverged or blew up, see
+    :func:`~mx_proxy.experiments.analysis.unstable_at`; ``loss``,
+    ``vs_fp32_pct``, ``zeta_median``, ``zeta_max``,
     ``zeta_paper_median``, ``zeta_paper_max``, ``ln_clamp_max``; NaN where a
     run records none), ``s_per_step`` (the fastest interval between two
     consecutive checkpoints) and ``eta_h`` (the steps left at that speed).
@@ -115,8 +118,11 @@ def status(scale: str | _scales.Scale, out: str | os.PathLike,
             run = None
         measures = analysis.headline(run) if run is not None else {}
         row.update({k: measures.get(k, float("nan")) for k in MEASURES})
+        row["unstable_at"] = pd.NA if row["unstable_at"] is None or row["unstable_at"] != row["unstable_at"] \
+            else row["unstable_at"]
         rows.append(row)
     columns = ["label", "kind", "state", "step", "steps", "diverged_at", *MEASURES, "s_per_step", "eta_h"]
     df = pd.DataFrame(rows, columns=columns)
-    df["diverged_at"] = df["diverged_at"].astype("Int64")
+    for c in ("diverged_at", "unstable_at"):
+        df[c] = df[c].astype("Int64")
     return df
