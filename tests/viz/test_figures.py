@@ -127,3 +127,22 @@ def test_summary_names_varying_fields_and_diagnostics():
     assert analysis.clamp_window(a) is not None
     split = analysis.zeta_by_clamping(a)
     assert split["steps_clamping"] + split["steps_other"] == 10
+
+
+def test_interventions_plot_shows_losses_on_a_log_axis_where_the_parent_blows_up():
+    calm = np.full(600, 0.1)
+    blown = calm.copy()
+    blown[450:] = 30.0  # 300× its recent minimum from step 450
+    for parent_loss, log in ((calm, False), (blown, True)):
+        parent = _run(parent_loss)
+        child = _run(np.r_[parent_loss[:300], np.full(300, 0.09)])
+        child.info = {"intervention": {"at_step": 300, "apply": ["fp32"]}}
+        fig = plots.interventions(parent, [child])
+        top = fig.axes[0]
+        assert (top.get_yscale() == "log") is log
+        assert top.get_ylabel().startswith("training loss" if log else "loss relative to")
+        lines = {ln.get_label(): ln for ln in top.get_lines()}
+        if log:  # the child's own losses, not its ratio to the parent's
+            assert np.allclose(lines["fp32"].get_ydata()[-10:], 0.09)
+            assert any("blew up at step 450" in k for k in lines)
+        plots.plt.close(fig)

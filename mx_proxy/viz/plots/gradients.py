@@ -5,6 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
+from mx_proxy.experiments import analysis
 from mx_proxy.numerics.quantize import MXSpec
 from mx_proxy.viz.plots.style import (_auto_smooth, _blowup, _mark_divergence, _plot_smoothed, _run_label, _series,
                                       _smooth, _trend, _zeta_axis, color, finish)
@@ -246,9 +247,11 @@ def interventions(parent, children, labels=None, smooth: int | None = None, titl
     intervention step (early, late); top: each child's training loss
     relative to the unchanged parent's on the same steps (in %, smoothed;
     the parent is the 0 line: on a log axis every curve coincides, the
-    difference is the information), bottom: the ‖ζ‖ bound of the parent and
-    of each child after the step (a grey line marks it). One legend, below
-    the panels."""
+    difference is the information; where the parent blows up after the step,
+    :func:`~mx_proxy.experiments.analysis.unstable_at`, the losses
+    themselves on a log axis), bottom: the ‖ζ‖ bound of the parent and of
+    each child after the step (a grey line marks it). One legend, below the
+    panels."""
     children = list(children)
     info = [_intervention(c) for c in children]
     labels = labels or [name for _, name in info]
@@ -262,9 +265,17 @@ def interventions(parent, children, labels=None, smooth: int | None = None, titl
     pys = _smooth(py, smooth)
     pxs = px[len(px) - len(pys):]
     by_step = dict(zip(pxs.tolist(), pys))
+    onset = analysis.unstable_at(parent)
     for j, at in enumerate(steps or [None]):
         a_loss, a_zeta = axes[0, j], axes[1, j]
-        a_loss.axhline(0.0, color=pc, lw=1.6, label=f"{pname} (no change: the 0 line)")
+        # a parent that blows up after the step: relative losses would only say -100 %, so show the losses
+        absolute = onset is not None and at is not None and onset >= at
+        if absolute:
+            keep = pxs >= at - 200
+            a_loss.plot(pxs[keep], pys[keep], color=pc, lw=1.6, label=f"{pname} (no change, blew up at step {onset})")
+            a_loss.set_yscale("log")
+        else:
+            a_loss.axhline(0.0, color=pc, lw=1.6, label=f"{pname} (no change: the 0 line)")
         _mark_divergence(a_loss, parent, pc)
         x, y = _series(parent, "zeta_bound")
         _trend(a_zeta, x, y, pc, f"{pname} (no change: the 0 line)")
@@ -281,7 +292,7 @@ def interventions(parent, children, labels=None, smooth: int | None = None, titl
             zkeep = xz >= (at or 0)
             zero = not np.any(yz[zkeep] > 0)
             name = lab + (" (‖ζ‖ = 0 after)" if zero else "")
-            a_loss.plot(xs, 100 * (ys / ref - 1), color=col, lw=1.1, label=name)
+            a_loss.plot(xs, ys if absolute else 100 * (ys / ref - 1), color=col, lw=1.1, label=name)
             _mark_divergence(a_loss, c, col)
             if not zero:
                 _trend(a_zeta, xz[zkeep], yz[zkeep], col, name)
@@ -289,7 +300,8 @@ def interventions(parent, children, labels=None, smooth: int | None = None, titl
             if at is not None:
                 ax.axvline(at, color="0.6", lw=1)
         a_loss.set_title(f"intervention at step {at}" if at is not None else "interventions", fontsize=10)
-        a_loss.set_ylabel(f"loss relative to {pname} [%]" + (f"\n({smooth}-step means)" if smooth > 1 else ""))
+        a_loss.set_ylabel(("training loss" if absolute else f"loss relative to {pname} [%]")
+                          + (f"\n({smooth}-step means)" if smooth > 1 else ""))
         _zeta_axis(a_zeta)
         a_zeta.set_xlabel("step")
     return finish(fig, title or "In-situ interventions, early and late", legend_axes=list(axes.ravel()), ncol=3)
