@@ -39,7 +39,8 @@ def instability(run: Run, factor: float = 10.0) -> dict:
     skipped) -- it also catches multi-step blow-ups that never jump 100× in one
     step. ``spikes``: how many separate such excursions (plus one for a
     divergence). ``max_jump``: the largest loss / running-minimum ratio.
-    ``max_jump_at``: the step where it is largest.
+    ``max_jump_at``: the step where it is largest. ``blowups``: the first
+    step of each excursion.
     """
     loss = run.metrics["loss"].to_numpy(dtype=float)
     loss = np.where(np.isfinite(loss), loss, np.inf)
@@ -53,6 +54,7 @@ def instability(run: Run, factor: float = 10.0) -> dict:
     return {
         "diverged_at": run.diverged_at,
         "blowup_at": int(steps[starts[0]]) if len(starts) else None,
+        "blowups": [int(steps[i]) for i in starts],
         "spikes": int(len(starts)) + (run.diverged_at is not None and not hot[-1:].any()),
         "max_jump": float(ratio.max()) if len(ratio) else float("nan"),
         "max_jump_at": int(steps[int(np.argmax(ratio))]) if len(ratio) else None,

@@ -94,6 +94,9 @@ def _facts(r: Run, h: dict, drift) -> str:
         what = (f"diverged at step {onset}" if r.diverged_at is not None else
                 f"blew up at step {onset} (loss past 10× its minimum over the previous {w} steps; the engine's "
                 f"one-step rule, {r.config.spike_factor:g}× the previous step, never fired, so it trained on)")
+        again = h["blowups"][1:] if r.diverged_at is None else []
+        if again:
+            what += f", and again at step{'s' if len(again) > 1 else ''} {', '.join(map(str, again))}"
         s += (f"{what}; loss peaked at {h['loss_max']:.3g} (step {h['loss_max_at']}), {h['max_jump']:.0f}× its "
               f"recent minimum, and over the last 100 steps it is {_pct(h['vs_fp32_pct'])} against the FP32 run's; "
               f"over the 500 steps before step {onset} the same-point ‖ζ‖ bound had median "

@@ -102,12 +102,12 @@ def _run(losses, diverged_at=None, steps=None):
 def test_instability_finds_slow_blowups_spikes_and_divergence():
     calm = _run(np.full(300, 0.1))
     assert analysis.instability(calm) == {"diverged_at": None, "blowup_at": None, "spikes": 0, "max_jump": 1.0,
-                                          "max_jump_at": 0}
+                                          "max_jump_at": 0, "blowups": []}
     loss = np.full(300, 0.1)
     loss[150:160] = np.geomspace(0.2, 2.0, 10)  # a multi-step blow-up past 10x at step 157, never 100x in one step
     loss[250] = 5.0  # and an isolated spike
     s = analysis.instability(_run(loss))
-    assert s["blowup_at"] == 157 and s["spikes"] == 2 and s["diverged_at"] is None
+    assert s["blowup_at"] == 157 and s["spikes"] == 2 and s["diverged_at"] is None and s["blowups"] == [157, 250]
     assert s["max_jump"] == pytest.approx(50.0) and s["max_jump_at"] == 250
     first_steps = np.full(300, 0.1)
     first_steps[:30] = 1.0  # the initial transient is skipped
