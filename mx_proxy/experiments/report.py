@@ -118,9 +118,9 @@ def _intervention_row(r: Run, parent: Run | None) -> str:
     h = analysis.headline(r)
     after = r.metrics[r.metrics["step"] >= (at or 0)]
     fin = after[np.isfinite(after["loss"].to_numpy(dtype=float))]
-    onset = h["unstable_at"]
+    later = [b for b in h["blowups"] if at is None or b >= at]  # not one the child inherited from its parent
     status = (f"diverged at step {r.diverged_at}" if r.diverged_at is not None else
-              f"blew up at step {onset}" if onset is not None and (at is None or onset >= at) else "no")
+              f"blew up at step {later[0]}" if later else "no")
     of = f"`{parent.config.recipe.name}`" if parent is not None else f"`{r.info.get('parent', '?')}`"
     return (f"| `{what}` on {of} | {at if at is not None else '–'} → {int(r.metrics['step'].iloc[-1]) + 1} | "
             f"{status} | {fin['loss'].max():.3g} | {h['loss']:.3g} |")

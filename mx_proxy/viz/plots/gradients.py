@@ -258,7 +258,7 @@ def interventions(parent, children, labels=None, smooth: int | None = None, titl
     steps = sorted({at for at, _ in info if at is not None})
     smooth = _auto_smooth([parent], smooth)
     ncol = max(1, len(steps))
-    fig, axes = plt.subplots(2, ncol, figsize=(5.6 * ncol, 6.0), squeeze=False, sharex=True)
+    fig, axes = plt.subplots(2, ncol, figsize=(max(9.0, 5.6 * ncol), 6.0), squeeze=False, sharex="col")
     pname = parent.config.recipe.name
     pc = color(pname)
     px, py = _series(parent, "loss")
@@ -271,14 +271,18 @@ def interventions(parent, children, labels=None, smooth: int | None = None, titl
         # a parent that blows up after the step: relative losses would only say -100 %, so show the losses
         absolute = onset is not None and at is not None and onset >= at
         if absolute:
-            keep = pxs >= at - 200
-            a_loss.plot(pxs[keep], pys[keep], color=pc, lw=1.6, label=f"{pname} (no change, blew up at step {onset})")
+            plabel = f"{pname} (no change, blew up at step {onset})"
+            keep = pxs >= at - 300
+            a_loss.plot(pxs[keep], pys[keep], color=pc, lw=1.6, label=plabel)
             a_loss.set_yscale("log")
+            ends = [int(c.metrics["step"].iloc[-1]) for c, (cat, _) in zip(children, info) if cat == at]
+            a_loss.set_xlim(at - 300, max(ends + [onset]) + 100)  # the children's horizon
         else:
-            a_loss.axhline(0.0, color=pc, lw=1.6, label=f"{pname} (no change: the 0 line)")
+            plabel = f"{pname} (no change: the 0 line)"
+            a_loss.axhline(0.0, color=pc, lw=1.6, label=plabel)
         _mark_divergence(a_loss, parent, pc)
         x, y = _series(parent, "zeta_bound")
-        _trend(a_zeta, x, y, pc, f"{pname} (no change: the 0 line)")
+        _trend(a_zeta, x, y, pc, plabel)
         for c, (cat, _), lab in zip(children, info, labels):
             if cat != at:
                 continue
