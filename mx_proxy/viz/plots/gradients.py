@@ -283,10 +283,15 @@ def interventions(parent, children, labels=None, smooth: int | None = None, titl
         _mark_divergence(a_loss, parent, pc)
         x, y = _series(parent, "zeta_bound")
         _trend(a_zeta, x, y, pc, plabel)
+        used = {pc}
         for c, (cat, _), lab in zip(children, info, labels):
             if cat != at:
                 continue
             col = color(lab)
+            if col in used:  # two names on one palette colour: take a free one unlike the palette's blues
+                col = next((k for k in ("tab:green", "tab:red", "tab:purple", "tab:brown", "tab:olive")
+                            if k not in used), col)
+            used.add(col)
             x, y = _series(c, "loss")
             keep = x >= (at or 0)
             ys = _smooth(y[keep], smooth)
