@@ -20,7 +20,7 @@ from mx_proxy.training.config import Config
 from mx_proxy.training.result import Run
 
 __all__ = ["instability", "blowup_window", "summary", "clamp_window", "zeta_by_clamping", "paper_metric_table",
-           "unstable_at", "gain_drift", "headline"]
+           "unstable_at", "unstable_after", "gain_drift", "headline"]
 
 
 def blowup_window(run: Run) -> int:
@@ -72,10 +72,15 @@ def clamp_window(run: Run, threshold: float = 0.5) -> tuple[int, int] | None:
     return (int(hot["step"].iloc[0]), int(hot["step"].iloc[-1])) if len(hot) else None
 
 
+def _before(run: Run, step: int | None) -> pd.DataFrame:
+    """The metrics rows of the steps before ``step`` (all of them for ``None``)."""
+    m = run.metrics
+    return m if step is None else m[m["step"] < step]
+
+
 def _before_divergence(run: Run) -> pd.DataFrame:
     """The metrics rows of the steps before any divergence (all of a stable run)."""
-    m = run.metrics
-    return m if run.diverged_at is None else m[m["step"] < run.diverged_at]
+    return _before(run, run.diverged_at)
 
 
 def _label(run: Run) -> str:
@@ -177,21 +182,23 @@ def _first_step(m: pd.DataFrame, hot: pd.Series) -> int | None:
     return int(m["step"][hot].iloc[0]) if hot.any() else None
 
 
-def unstable_at(run: Run, measures: dict | None = None) -> int | None:
-    """Where the run stopped being stable: the engine's ``diverged_at``, or
-    else the first 10× blow-up over the recent minimum (:func:`instability`'s
-    ``blowup_at``: a run can blow up by orders of magnitude in a few steps,
-    each below the engine's one-step ``spike_factor``, and train on);
-    ``None`` for a stable run. ``measures``: :func:`instability` of ``run``,
-    if already computed."""
-    if run.diverged_at is not None:
+def unstable_after(run: Run, step: int = 0, measures: dict | None = None) -> int | None:
+    """The first step at or after ``step`` where the run stopped being
+    stable: the engine's ``diverged_at``, else the first 10× blow-up over the
+    recent minimum that starts there (:func:`instability`'s ``blowups``: a
+    run can blow up by orders of magnitude in a few steps, each below the
+    engine's one-step ``spike_factor``, and train on); ``None`` if neither.
+    An intervention's ``step`` leaves out what it inherited from its parent.
+    ``measures``: :func:`instability` of ``run``, if already computed."""
+    if run.diverged_at is not None and run.diverged_at >= step:
         return run.diverged_at
-    return (measures or instability(run))["blowup_at"]
+    return next((b for b in (measures or instability(run))["blowups"] if b >= step), None)
 
 
-def _stable_part(run: Run, onset: int | None) -> pd.DataFrame:
-    m = run.metrics
-    return m if onset is None else m[m["step"] < onset]
+def unstable_at(run: Run, measures: dict | None = None) -> int | None:
+    """Where the run stopped being stable (:func:`unstable_after` from step
+    0); ``None`` for a stable run."""
+    return unstable_after(run, 0, measures)
 
 
 def gain_drift(run: Run, window: int = 250) -> pd.DataFrame:
@@ -202,7 +209,7 @@ def gain_drift(run: Run, window: int = 250) -> pd.DataFrame:
     E4M3's clamp band [0.875, 1) (``in_band``), and the first step at which
     more than half (``half_clamped_at``) and all (``all_clamped_at``) of the
     block's gains clamped (``None``: never)."""
-    m = _stable_part(run, unstable_at(run))
+    m = _before(run, unstable_at(run))
     cols = sorted((c for c in m if c.startswith("ln_gain_mean/block_")), key=lambda c: int(c.rsplit("_", 1)[1]))
     d = m.dropna(subset=cols)
     end = int(m["step"].iloc[-1]) + 1 if len(m) else 0
@@ -258,7 +265,7 @@ def headline(run: Run, tail: int = 100, before: int = 500, settle: int = 1000) -
     finite = m[np.isfinite(m["loss"].to_numpy(dtype=float))]
     out["loss_max"] = float(finite["loss"].max()) if len(finite) else float("nan")
     out["loss_max_at"] = int(finite["step"].loc[finite["loss"].idxmax()]) if len(finite) else None
-    s = _stable_part(run, onset)
+    s = _before(run, onset)
     out["zeta_median"], out["zeta_max"] = _med_max(s, "zeta_bound")
     out["zeta_paper_median"], out["zeta_paper_max"] = _med_max(s, "zeta_paper")
     zp = s.dropna(subset=["zeta_paper"]) if "zeta_paper" in s else s.iloc[0:0]

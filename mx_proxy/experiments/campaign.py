@@ -300,9 +300,9 @@ def _interventions(s: _scales.Scale, widths, store, results, progress, log):
         parent = runner.train(p.config, store=store, progress=progress)
         steps = intervention_steps(c, parent)
         if not steps:
-            log(f"  {p.label}: stable to step {p.config.steps}, no interventions needed"
-                if analysis.unstable_at(parent) is None else f"  {p.label}: no checkpoint before it became "
-                f"unstable (step {analysis.unstable_at(parent)})")
+            onset = analysis.unstable_at(parent)
+            log(f"  {p.label}: stable to step {p.config.steps}, no interventions needed" if onset is None
+                else f"  {p.label}: no checkpoint before it became unstable (step {onset})")
             continue
         for t in steps:
             for name in c.interventions:
@@ -310,9 +310,9 @@ def _interventions(s: _scales.Scale, widths, store, results, progress, log):
                                                 store=store or False, progress=progress)
                 label = f"intervention-{p.label.removeprefix('paired-')}-at{t}-{name}"
                 export(child, label, "intervention", results)
-                onset = analysis.unstable_at(child)
-                status = "stable" if onset is None or onset < t else (
-                    f"diverged at {child.diverged_at}" if child.diverged_at is not None else f"blew up at {onset}")
+                onset = analysis.unstable_after(child, t)
+                status = "stable" if onset is None else (
+                    f"diverged at {onset}" if onset == child.diverged_at else f"blew up at {onset}")
                 log(f"  {label}: final loss {child.final_loss:.4g}, {status}")
 
 

@@ -118,8 +118,6 @@ def status(scale: str | _scales.Scale, out: str | os.PathLike,
             run = None
         measures = analysis.headline(run) if run is not None else {}
         row.update({k: measures.get(k, float("nan")) for k in MEASURES})
-        row["unstable_at"] = pd.NA if row["unstable_at"] is None or row["unstable_at"] != row["unstable_at"] \
-            else row["unstable_at"]
         rows.append(row)
     columns = ["label", "kind", "state", "step", "steps", "diverged_at", *MEASURES, "s_per_step", "eta_h"]
     df = pd.DataFrame(rows, columns=columns)

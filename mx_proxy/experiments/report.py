@@ -32,17 +32,16 @@ END = "<!-- end of report -->"
 _NOTES = {"paper_e4m3": "the authors' code, E4M3 everywhere", "mxfp8_e4m3": "LN gains really MX-quantized"}
 
 
-def _num(v: float) -> str:
-    """``v`` to 2 decimals below 10, 1 below 100, a whole number above; ``−`` as the minus sign."""
+def _num(v: float, sign: str = "") -> str:
+    """``v`` to 2 decimals below 10, 1 below 100, a whole number above (``sign="+"``: always signed); ``−`` as
+    the minus sign, ``–`` for a missing value."""
     if v is None or not math.isfinite(v):
         return "–"
-    return f"{v:.{2 if abs(v) < 10 else 1 if abs(v) < 100 else 0}f}".replace("-", "−")
+    return f"{v:{sign}.{2 if abs(v) < 10 else 1 if abs(v) < 100 else 0}f}".replace("-", "−")
 
 
 def _pct(v: float) -> str:
-    if not math.isfinite(v):
-        return "–"
-    return f"{v:+.{2 if abs(v) < 10 else 1 if abs(v) < 100 else 0}f} %".replace("-", "−")
+    return "–" if not math.isfinite(v) else f"{_num(v, '+')} %"
 
 
 def _name(r: Run) -> str:
@@ -118,9 +117,9 @@ def _intervention_row(r: Run, parent: Run | None) -> str:
     h = analysis.headline(r)
     after = r.metrics[r.metrics["step"] >= (at or 0)]
     fin = after[np.isfinite(after["loss"].to_numpy(dtype=float))]
-    later = [b for b in h["blowups"] if at is None or b >= at]  # not one the child inherited from its parent
-    status = (f"diverged at step {r.diverged_at}" if r.diverged_at is not None else
-              f"blew up at step {later[0]}" if later else "no")
+    onset = analysis.unstable_after(r, at or 0, h)  # not one the child inherited from its parent
+    status = ("no" if onset is None else
+              f"diverged at step {onset}" if onset == r.diverged_at else f"blew up at step {onset}")
     of = f"`{parent.config.recipe.name}`" if parent is not None else f"`{r.info.get('parent', '?')}`"
     return (f"| `{what}` on {of} | {at if at is not None else '–'} → {int(r.metrics['step'].iloc[-1]) + 1} | "
             f"{status} | {fin['loss'].max():.3g} | {h['loss']:.3g} |")

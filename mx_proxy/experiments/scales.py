@@ -34,6 +34,12 @@ __all__ = ["Scale", "Campaign", "SCALES", "STRESS_RESERVED", "get", "names", "wi
 STRESS_RESERVED = ("recipe", "arch", "controller", "seed")
 
 
+def _distinct_seeds(seeds: tuple) -> bool:
+    """At least one seed, each a non-negative integer (not a bool), none repeated."""
+    return bool(seeds) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds) \
+        and len(set(seeds)) == len(seeds)
+
+
 @dataclasses.dataclass(frozen=True)
 class Campaign:
     """The paper's headline experiments at one scale (``mx-proxy campaign``, :mod:`mx_proxy.experiments.campaign`).
@@ -176,8 +182,7 @@ class Scale:
         if isinstance(seeds, (str, bytes)) or not hasattr(seeds, "__iter__"):
             raise ValueError(f"scale {self.name!r}: stress_seeds must be a tuple of seeds, got {seeds!r}")
         seeds = tuple(seeds)
-        if not seeds or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in seeds) \
-                or len(set(seeds)) != len(seeds):
+        if not _distinct_seeds(seeds):
             raise ValueError(f"scale {self.name!r}: stress_seeds must be distinct non-negative integers "
                              f"(at least one), got {self.stress_seeds!r}")
         object.__setattr__(self, "stress_seeds", seeds)
@@ -333,7 +338,6 @@ def with_seeds(scale: "str | Scale", seeds) -> Scale:
         raise ValueError(f"scale {s.name!r} has no campaign; scales with one: "
                          f"{', '.join(n for n in names() if get(n).campaign)}")
     seeds = tuple(seeds)
-    if not seeds or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in seeds) \
-            or len(set(seeds)) != len(seeds):
+    if not _distinct_seeds(seeds):
         raise ValueError(f"campaign seeds must be distinct non-negative integers (at least one), got {list(seeds)}")
     return dataclasses.replace(s, campaign=dataclasses.replace(s.campaign, seeds=seeds))

@@ -139,6 +139,7 @@ def test_a_blown_up_run_is_unstable_from_its_blowup_and_reported_so():
     assert "the engine's one-step rule, 100× the previous step, never fired" in text
     assert "(250 before step 1500)" in text and "+89900 %" in text
     assert analysis.unstable_at(_run()) is None
+    assert analysis.unstable_after(r, 1000) == 1500 and analysis.unstable_after(r, 1501) is None  # from a step on
 
 
 def test_interventions_table_lists_each_child_with_its_outcome():

@@ -248,7 +248,7 @@ def interventions(parent, children, labels=None, smooth: int | None = None, titl
     relative to the unchanged parent's on the same steps (in %, smoothed;
     the parent is the 0 line: on a log axis every curve coincides, the
     difference is the information; where the parent blows up after the step,
-    :func:`~mx_proxy.experiments.analysis.unstable_at`, the losses
+    :func:`~mx_proxy.experiments.analysis.unstable_after`, the losses
     themselves on a log axis), bottom: the ‖ζ‖ bound of the parent and of
     each child after the step (a grey line marks it). One legend, below the
     panels."""
@@ -265,11 +265,12 @@ def interventions(parent, children, labels=None, smooth: int | None = None, titl
     pys = _smooth(py, smooth)
     pxs = px[len(px) - len(pys):]
     by_step = dict(zip(pxs.tolist(), pys))
-    onset = analysis.unstable_at(parent)
+    measures = analysis.instability(parent)
     for j, at in enumerate(steps or [None]):
         a_loss, a_zeta = axes[0, j], axes[1, j]
         # a parent that blows up after the step: relative losses would only say -100 %, so show the losses
-        absolute = onset is not None and at is not None and onset >= at
+        onset = analysis.unstable_after(parent, at, measures) if at is not None else None
+        absolute = onset is not None
         if absolute:
             plabel = f"{pname} (no change, blew up at step {onset})"
             keep = pxs >= at - 300
