@@ -54,12 +54,13 @@ _LAZY = {
     'quantize_stats': ('mx_proxy.numerics.quantize', 'quantize_stats'),
     'sweep': ('mx_proxy.runner.loop', 'sweep'),
     'train': ('mx_proxy.runner.loop', 'train'),
+    'with_checkpoint': ('mx_proxy.runner.interventions', 'with_checkpoint'),
     'plots': ('mx_proxy.viz.plots', None),
 }
 
 __all__ = ['formats', 'recipes', 'Config', 'ElementFormat', 'GNMR', 'explore', 'MITIGATIONS', 'MXSpec', 'NVFP4',
            'QuantStats', 'Recipe', 'Run', 'Sweep', 'intervene', 'load', 'mitigate', 'quantize', 'quantize_stats',
-           'sweep', 'train', 'plots', '__version__']
+           'sweep', 'train', 'with_checkpoint', 'plots', '__version__']
 
 
 def __getattr__(name: str):

@@ -123,7 +123,15 @@ def _cmd_intervene(args) -> int:
     changes.pop("recipe", None)
     try:
         store = store_arg(args)  # None: the parent's own store
-        run = interventions.intervene(args.run_dir, args.at_step, recipe=args.recipe, apply=args.apply or (),
+        parent = args.run_dir
+        if args.replay:
+            parent = interventions.with_checkpoint(parent, args.at_step, progress=not args.quiet)
+            r = parent.info.get("replay")
+            if r is not None:
+                print(f"replayed from step {r['from_step']} to {args.at_step}: losses "
+                      + ("identical to the parent's" if r["identical"] else
+                         f"differ from the parent's from step {r['first_difference']}"))
+        run = interventions.intervene(parent, args.at_step, recipe=args.recipe, apply=args.apply or (),
                                store=store, force=args.force, progress=not args.quiet, **changes)
     except KeyboardInterrupt:
         print("mx-proxy intervene: interrupted; nothing saved for this intervention", file=sys.stderr)
@@ -180,12 +188,16 @@ def add_experiment_commands(subparsers) -> None:
         "intervene", help="continue a stored run from a checkpoint with a change",
         description="Continue RUN_DIR from its checkpoint at --at-step on the same batches, with a new recipe, "
                     "named mitigations (--apply) and/or other settings; the result lands in the parent's store "
-                    "unless --store/--no-store say otherwise. The parent must have a checkpoint there: train it "
-                    "with --checkpoint-at STEP or --checkpoint-every N.\n\nmitigations (--apply):\n"
+                    "unless --store/--no-store say otherwise. The parent must have a checkpoint there (train it "
+                    "with --checkpoint-at STEP or --checkpoint-every N), or --replay recomputes one.\n\nmitigations (--apply):\n"
                     + "\n".join(f"  {k:<19} {m.description}" for k, m in MITIGATIONS.items()))
     iv.add_argument("run_dir", metavar="RUN_DIR", help="a stored run's folder (runs/<key>)")
     iv.add_argument("--at-step", type=int, required=True, metavar="STEP",
                     help="the checkpoint step to continue from (the parent's --checkpoint-at or --checkpoint-every)")
+    iv.add_argument("--replay", action="store_true",
+                    help="if the parent has no checkpoint at STEP, recompute its state there from its newest "
+                         "checkpoint before (mxp.with_checkpoint; the replayed losses are checked against the "
+                         "parent's)")
     iv.add_argument("--apply", nargs="+", default=None, metavar="NAME", choices=list(MITIGATIONS),
                     help=f"named mitigations: {', '.join(MITIGATIONS)}")
     add_config_options(iv, interventions.INTERVENABLE_FIELDS)

@@ -269,9 +269,11 @@ def intervention_steps(campaign_: _scales.Campaign, parent: Run) -> list[int]:
     """The steps to continue ``parent`` from: with
     ``interventions_after_divergence``, the campaign's intervention steps
     before the run became unstable (:func:`analysis.unstable_at`: diverged,
-    or blew up 10× over its recent minimum) and its newest checkpoint before
-    that, or none for a stable run; otherwise the campaign's steps (those
-    before a divergence)."""
+    or blew up 10× over its recent minimum), its newest checkpoint before
+    that and, with ``late_intervention``, the diagnostics step that many
+    steps before it (which may need a replay: ``mxp.with_checkpoint``), or
+    none for a stable run; otherwise the campaign's steps (those before a
+    divergence)."""
     onset = analysis.unstable_at(parent) if campaign_.interventions_after_divergence else parent.diverged_at
     if campaign_.interventions_after_divergence and onset is None:
         return []
@@ -279,6 +281,9 @@ def intervention_steps(campaign_: _scales.Campaign, parent: Run) -> list[int]:
     if campaign_.interventions_after_divergence:
         before = [t for t in interventions.checkpoint_steps(parent) if t < onset]
         steps += [max(before)] if before and max(before) not in steps else []
+        every = parent.config.diagnostics_every or 1
+        late = (onset - campaign_.late_intervention) // every * every
+        steps += [late] if campaign_.late_intervention and late > 0 and late not in steps else []
     return sorted(steps)
 
 
@@ -305,8 +310,14 @@ def _interventions(s: _scales.Scale, widths, store, results, progress, log):
                 else f"  {p.label}: no checkpoint before it became unstable (step {onset})")
             continue
         for t in steps:
+            source = interventions.with_checkpoint(parent, t, progress=progress)
+            replay = source.info.get("replay")
+            if replay is not None:
+                log(f"  {p.label}: replayed from step {replay['from_step']} to {t}: "
+                    + ("losses identical to the run's" if replay["identical"] else
+                       f"losses differ from the run's from step {replay['first_difference']}"))
             for name in c.interventions:
-                child = interventions.intervene(parent, t, apply=name, checkpoint_at=(), checkpoint_every=0,
+                child = interventions.intervene(source, t, apply=name, checkpoint_at=(), checkpoint_every=0,
                                                 store=store or False, progress=progress)
                 label = f"intervention-{p.label.removeprefix('paired-')}-at{t}-{name}"
                 export(child, label, "intervention", results)

@@ -68,6 +68,13 @@ class Campaign:
         paired run that diverged (each such run, from each intervention step
         before its divergence), as the paper did; ``False``: from the first
         paired recipe's run whatever it did.
+      late_intervention: with ``interventions_after_divergence``, also
+        continue each unstable run from this many steps before its
+        instability (rounded down to a diagnostics step), like the paper's
+        second intervention about 20 steps before its divergence; the state
+        there is replayed from the newest checkpoint before it
+        (``mxp.with_checkpoint``, the replayed losses checked against the
+        run's own). 0: none.
     """
 
     grid_widths: tuple[int, ...] = ()
@@ -85,8 +92,12 @@ class Campaign:
     seeds: tuple[int, ...] = (0,)
     checkpoint_every: int = 0
     interventions_after_divergence: bool = False
+    late_intervention: int = 0
 
     def __post_init__(self):
+        if isinstance(self.late_intervention, bool) or not isinstance(self.late_intervention, int) \
+                or self.late_intervention < 0:
+            raise ValueError(f"late_intervention must be a number of steps >= 0, got {self.late_intervention!r}")
         if self.grid_widths and not (self.grid_lrs and self.grid_recipes and self.grid_steps > 0):
             raise ValueError("a campaign grid needs widths, lrs, recipes and steps > 0")
         if self.paired_recipes and not (self.paired_widths and self.paired_lrs and self.paired_steps > 0):
@@ -298,7 +309,7 @@ _PAPER = Scale(
                       paired_steps=9000, intervention_steps=(4500, 4700, 4900, 5080, 5200),
                       interventions=("fp32", "paper_no_ln_quant", "paper_bump", "rceil"),
                       controls=(("fp32", "fp32", 1), ("bf16", "fp32", 0)), checkpoint_every=500,
-                      interventions_after_divergence=True),
+                      interventions_after_divergence=True, late_intervention=20),
     stress_note="NOT RUN (a GPU job); a guess, not verified: the top of the paper's LR sweep (1e-3). The base "
                 "config itself diverged once in MXFP8 E4M3 near step 5100 in the paper.",
 )

@@ -260,6 +260,9 @@ MITIGATIONS: dict[str, Mitigation] = {m.name: m for m in (
     Mitigation("paper_bump", "the authors' bump_up_overflow_exponent (E4M3 only): each position of a block gets the "
                "floor exponent + 1 where the maximum over the tensor's blocks at that position exceeds 1.75·2^k "
                "(their maximum runs over the wrong axis; compare 'rceil')", _paper_bump),
+    Mitigation("fp32_keep_bias", "switch to full precision but keep the recipe's LN-bias training as it was: on the "
+               "paper_* recipes (bias frozen) this separates the precision switch from the bias that 'fp32' starts "
+               "training; elsewhere it is 'fp32'", lambda r: Recipe("fp32", train_ln_bias=r.train_ln_bias)),
 )}
 
 

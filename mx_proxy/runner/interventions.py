@@ -7,6 +7,7 @@ from typing import Iterable
 
 import jax
 import numpy as np
+import pandas as pd
 from tqdm.auto import tqdm
 
 from mx_proxy.numerics import recipe as _recipes
@@ -19,7 +20,7 @@ from mx_proxy.training.config import INTERVENABLE_FIELDS, Config  # the fields d
 from mx_proxy.training.engine import dynamic_for, program_for
 from mx_proxy.training.result import Run
 
-__all__ = ["intervene", "checkpoint_steps", "INTERVENABLE_FIELDS"]
+__all__ = ["intervene", "checkpoint_steps", "with_checkpoint", "INTERVENABLE_FIELDS"]
 
 
 def _parent_sink(run: Run) -> ckpt.CheckpointSink:
@@ -31,6 +32,90 @@ def _parent_sink(run: Run) -> ckpt.CheckpointSink:
 def checkpoint_steps(run: Run) -> list[int]:
     """The steps ``run`` holds checkpoints at (in its store folder, or in memory): where it can be continued."""
     return list(_parent_sink(run).steps())
+
+
+def with_checkpoint(run: Run | str | Path, step: int, *, paired_run: bool | None = None,
+                    progress: bool = True) -> Run:
+    """``run`` with a train-state checkpoint at ``step`` (in memory), so that
+    :func:`intervene` can continue it from there.
+
+    The state is recomputed: from the run's newest checkpoint before
+    ``step`` (its initial state if it has none), the run's own config trains
+    on to ``step``. The replayed losses are compared with the run's own, bit
+    for bit; ``info["replay"]`` records ``from_step``, ``paired_run``,
+    ``identical``, ``first_difference`` (the first step whose loss differs,
+    or None) and ``of_path`` (the run's folder, where a continuation is
+    stored by default). When they are identical the returned run's metrics
+    are the run's own; otherwise, before ``step``, the replay's (after the
+    run's history before ``from_step``): a continuation then says which
+    trajectory it continues. Returns ``run`` itself if it already holds a
+    checkpoint at ``step``.
+
+    Args:
+      paired_run: ``None`` (default): replay as the run trained, its paired
+        FP32 run included; ``False``: without it, about half the cost for a
+        paired run (the student never reads it unless a controller does, so
+        the student's trajectory is the same up to the compiled program's
+        summation order, which the comparison checks). A continuation that
+        keeps the paired run then starts it afresh from the student's
+        weights at ``step`` (``reset`` records ``paired_run``).
+
+    Raises:
+      ValueError: ``step`` outside the run's stable steps (1 … its divergence
+        or last step) or not a multiple of its ``diagnostics_every``,
+        ``paired_run=False`` with a controller or
+        ``gradient_reference="paired_run"``, or the replay diverging before
+        ``step``.
+    """
+    parent = _store.load_dir(run) if isinstance(run, (str, Path)) else run
+    if not isinstance(parent, Run):
+        raise ValueError(f"with_checkpoint needs a mxp.Run or a stored run folder, got {type(run).__name__}")
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
+        raise ValueError(f"step must be an integer step, got {step!r}")
+    step = int(step)
+    pc = parent.config
+    last = pc.steps if parent.diverged_at is None else parent.diverged_at
+    if not 0 < step <= last:
+        raise ValueError(f"step {step} is outside the run: it ran steps 0…{last - 1}")
+    sink = _parent_sink(parent)
+    available = sink.steps()
+    if step in available:
+        return parent
+    start = max((t for t in available if t < step), default=0)
+    keep_pair = pc.has_paired_run if paired_run is None else bool(paired_run)
+    if pc.has_paired_run and not keep_pair and (pc.controller is not None or pc.gradient_reference == "paired_run"):
+        raise ValueError(f"paired_run=False: the run's {'controller' if pc.controller is not None else 'diagnostics'} "
+                         f"reads its paired FP32 run; replay it with paired_run=None")
+    if keep_pair and not pc.has_paired_run:
+        raise ValueError("paired_run=True: the run had no paired FP32 run to replay")
+    cfg = pc.replace(steps=step, checkpoint_every=0, checkpoint_at=(step,), paired_run=pc.paired_run and keep_pair)
+    fresh, teacher = runner.init_state(cfg)
+    state = fresh
+    if start:
+        _check_parent(parent, sink, start)
+        state, _ = sink.restore(start, ckpt.template(program_for(pc), dynamic_for(pc)))
+        if not keep_pair:
+            state = state._replace(ref_params=fresh.ref_params, ref_opt=fresh.ref_opt)
+    member = runner.Member(cfg, state, teacher, ckpt.CheckpointSink(memory={}), start, [],
+                           {"key": f"replay of {parent.info.get('key', pc.hash())}"})
+    with tqdm(total=step, initial=start, disable=not progress, desc=f"replay {pc.recipe.name}", unit="step",
+              leave=False) as bar:
+        (replay,) = runner.run_members([member], start, bar=bar)
+    if step not in replay.checkpoints:
+        raise ValueError(f"the replay of {parent.info.get('label', pc.recipe.name)} from step {start} diverged at "
+                         f"step {replay.diverged_at}, before step {step}; the run itself did not")
+    own = parent.metrics[(parent.metrics["step"] >= start) & (parent.metrics["step"] < step)]
+    a = own["loss"].to_numpy(dtype=float)
+    b = replay.metrics["loss"].to_numpy(dtype=float)
+    same = (own["step"].to_numpy() == replay.metrics["step"].to_numpy()) & ((a == b) | (np.isnan(a) & np.isnan(b)))
+    first = None if same.all() else int(replay.metrics["step"].to_numpy()[~same][0])
+    metrics = parent.metrics if first is None else pd.concat(
+        [parent.metrics[parent.metrics["step"] < start], replay.metrics], ignore_index=True)
+    info = dict(parent.info, replay={"from_step": start, "paired_run": keep_pair, "identical": first is None,
+                                     "first_difference": first, "of_path": parent.path})
+    out = Run(pc, metrics.reset_index(drop=True), parent.diverged_at, parent.params, parent.wall_time_s, info)
+    out.checkpoints = {step: replay.checkpoints[step]}
+    return out
 
 
 def _check_parent(parent: Run, sink: ckpt.CheckpointSink, at_step: int) -> None:
@@ -57,7 +142,9 @@ def intervene(run: Run | str | Path, at_step: int, recipe: str | _recipes.Recipe
 
     Args:
       run: a :class:`Run` (or the folder of a stored run) trained with a
-        checkpoint at ``at_step`` (``Config.checkpoint_at`` / ``checkpoint_every``).
+        checkpoint at ``at_step`` (``Config.checkpoint_at`` / ``checkpoint_every``),
+        or given one by :func:`with_checkpoint` (then ``info["intervention"]
+        ["replay"]`` of the result records that replay).
       at_step: the step the change takes effect (steps 0 … at_step−1 are the parent's).
       recipe: the new recipe (a preset name or a :class:`Recipe`); default the parent's.
       apply: names of :data:`mx_proxy.numerics.recipe.MITIGATIONS` applied to that recipe.
@@ -106,7 +193,7 @@ def intervene(run: Run | str | Path, at_step: int, recipe: str | _recipes.Recipe
     if at_step not in available:
         raise ValueError(f"no checkpoint at step {at_step}; checkpoints at: {available or 'none'} "
                          f"(train the parent with checkpoint_at=({at_step},) or checkpoint_every=N, N dividing "
-                         f"{at_step})")
+                         f"{at_step}, or replay it there with mxp.with_checkpoint(run, {at_step}))")
     _check_parent(parent, sink, at_step)
     new_recipe = _recipes.get(recipe) if recipe is not None else pc.recipe
     if applied:
@@ -120,8 +207,9 @@ def intervene(run: Run | str | Path, at_step: int, recipe: str | _recipes.Recipe
     _memory.check(child)
     parent_key = parent.info.get("key", pc.hash())
     key = _store.entry_key(child, parent_key, at_step)
-    if store is None and parent.path is not None:  # next to its parent
-        st = _store.Store(Path(parent.path).resolve().parent)
+    home = parent.path or (parent.info.get("replay") or {}).get("of_path")  # a replayed parent's own folder
+    if store is None and home is not None:  # next to its parent
+        st = _store.Store(Path(home).resolve().parent)
     else:
         st = _store.resolve(store)
     if st is not None:
@@ -139,7 +227,7 @@ def intervene(run: Run | str | Path, at_step: int, recipe: str | _recipes.Recipe
     if jax.tree.structure(fresh.opt_state) != jax.tree.structure(state.opt_state):
         state = state._replace(opt_state=c_prog.tx.init(state.params))
         reset.append("opt_state")
-    if c_prog.paired and not p_prog.paired:
+    if c_prog.paired and (not p_prog.paired or state.ref_params is None):  # off, or replayed without it
         state = state._replace(ref_params=state.params, ref_opt=c_prog.tx.init(state.params))
         reset.append("paired_run")
     elif c_prog.paired and jax.tree.structure(fresh.ref_opt) != jax.tree.structure(state.ref_opt):
@@ -149,9 +237,11 @@ def intervene(run: Run | str | Path, at_step: int, recipe: str | _recipes.Recipe
     if (c_prog.selector is None) != (state.ctrl is None):
         state = state._replace(ctrl=fresh.ctrl)
     history = parent.metrics[parent.metrics["step"] < at_step].reset_index(drop=True)
-    info = {"key": key, "parent": parent_key, "parent_path": parent.path,
+    info = {"key": key, "parent": parent_key, "parent_path": home,
             "intervention": {"at_step": at_step, "recipe": recipe_json.to_json(new_recipe), "apply": applied,
                              "changes": {k: v for k, v in changes.items() if k != "recipe"}, "reset": reset}}
+    if "replay" in parent.info:  # the state at at_step was recomputed (with_checkpoint)
+        info["intervention"]["replay"] = parent.info["replay"]
     csink = ckpt.CheckpointSink(st.checkpoint_dir(key)) if st is not None else ckpt.CheckpointSink(memory={})
     member = runner.Member(child, state, teacher, csink, at_step, [history] if len(history) else [], info)
     with tqdm(total=child.steps, initial=at_step, disable=not progress, desc=new_recipe.name, unit="step",

@@ -86,6 +86,25 @@ def test_interventions_after_divergence_skip_a_stable_parent(smoke):
     assert sum("no interventions needed" in line for line in lines) == 2
 
 
+def test_the_late_intervention_replays_to_a_step_without_a_checkpoint(tmp_path, monkeypatch):
+    s = scales.get("smoke")  # paired runs of 60 steps, checkpointed at 30
+    s = dataclasses.replace(s, campaign=dataclasses.replace(
+        s.campaign, paired_recipes=("paper_e4m3",), interventions=("fp32",), controls=(),
+        interventions_after_divergence=True, late_intervention=10))
+    monkeypatch.setattr(campaign.analysis, "unstable_at", lambda run: 55)  # as if it blew up at 55
+    lines = []
+    index = campaign.run(s, tmp_path, kinds=("paired", "intervention"), progress=False, log=lines.append)
+    assert any("replayed from step 30 to 40: losses identical to the run's" in line for line in lines)
+    children = {r.info["intervention"]["at_step"]: r for r in campaign.load_results(tmp_path / "results")
+                if r.info["kind"] == "intervention"}
+    assert sorted(children) == [30, 40] and set(index["kind"]) == {"paired", "intervention"}
+    assert children[40].info["intervention"]["replay"]["identical"]
+    assert "replay" not in children[30].info["intervention"]
+    (parent,) = campaign.load_results(tmp_path / "results", ("paired",))
+    before = children[40].metrics[children[40].metrics.step < 40]
+    np.testing.assert_array_equal(before["loss"], parent.metrics["loss"][:40])
+
+
 def test_seconds_per_step_times_a_twin_group():
     c = scales.get("smoke").config.replace(paired_run=True, steps=20)
     one = campaign.seconds_per_step([c.replace(recipe="mxfp8_e4m3")])
@@ -255,3 +274,10 @@ def test_interventions_start_before_a_divergence_or_a_blowup_and_from_the_newest
     always = dataclasses.replace(after, interventions_after_divergence=False)
     assert campaign.intervention_steps(always, parent()) == [4500, 5080]
     assert campaign.intervention_steps(always, parent(diverged_at=5000)) == [4500]
+    late = dataclasses.replace(after, late_intervention=20)  # 20 steps before, down to a diagnostics step
+    every = Config().diagnostics_every
+    assert campaign.intervention_steps(late, parent(loss_at=6841)) == [4500, 5080, 6500, (6841 - 20) // every * every]
+    assert campaign.intervention_steps(late, parent(diverged_at=5300)) == [4500, 5080, (5300 - 20) // every * every]
+    assert campaign.intervention_steps(late, parent()) == []
+    with pytest.raises(ValueError, match="late_intervention must be a number of steps >= 0, got -1"):
+        dataclasses.replace(after, late_intervention=-1)

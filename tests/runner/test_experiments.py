@@ -199,3 +199,12 @@ def test_cli_sweep_and_intervene_end_to_end(tmp_path, capsys):
     parent, kid = mxp.load(run_dir), mxp.load(child[0])
     assert_same_run(parent, kid)
     assert kid.info["intervention"]["at_step"] == 20
+    capsys.readouterr()
+    assert main(["intervene", str(run_dir), "--at-step", "30", "--quiet"]) == 2  # no checkpoint there
+    assert "mxp.with_checkpoint(run, 30)" in capsys.readouterr().err
+    assert main(["intervene", str(run_dir), "--at-step", "30", "--replay", "--quiet"]) == 0
+    assert "replayed from step 20 to 30: losses identical to the parent's" in capsys.readouterr().out
+    late = [mxp.load(p) for p in store.iterdir() if (p / "run.json").exists()
+            and json.loads((p / "run.json").read_text())["info"].get("intervention", {}).get("at_step") == 30]
+    assert len(late) == 1 and late[0].info["intervention"]["replay"]["from_step"] == 20
+    assert_same_run(parent, late[0])

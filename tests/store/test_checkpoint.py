@@ -108,8 +108,47 @@ def test_named_interventions():
     w = got["bf16_weights"]
     assert w.fwd_w is None and w.dgrad_w is None and w.fwd_x is not None and w.vector == "bf16"
     assert got["ln_exempt"].name == "mxfp8_e4m3+ln_exempt"
+    assert got["fp32_keep_bias"] == got["fp32"]  # mxfp8_e4m3 trains its LN bias: plain fp32
+    kept = mxp.mitigate("paper_e4m3", "fp32_keep_bias")  # the authors' recipe freezes it: it stays frozen
+    assert kept == mxp.Recipe("paper_e4m3+fp32_keep_bias", train_ln_bias=False) and kept.is_full_precision
+    assert mxp.mitigate("paper_e4m3", "fp32").train_ln_bias
     both = mxp.mitigate(r, ["ln_exempt", "act_fp32"])
     assert both.ln_precision == "fp32" and both.act_precision == "fp32"
+
+
+def test_with_checkpoint_replays_the_run_to_a_step_it_did_not_save(parent):
+    replayed = mxp.with_checkpoint(parent, 30, progress=False)  # from its checkpoint at 20
+    assert replayed.info["replay"] == {"from_step": 20, "paired_run": False, "identical": True,
+                                       "first_difference": None, "of_path": parent.path}
+    assert sorted(replayed.checkpoints) == [30] and replayed.info["key"] == parent.info["key"]
+    child = mxp.intervene(replayed, 30, store=False, progress=False)  # no change: the parent, bit for bit
+    assert_same(child, parent)
+    assert child.info["parent"] == parent.info["key"] and child.info["intervention"]["replay"]["from_step"] == 20
+    early = mxp.with_checkpoint(parent, 10, progress=False)  # nothing saved before 10: from the initial state
+    assert early.info["replay"]["from_step"] == 0 and early.info["replay"]["identical"]
+    assert_same(mxp.intervene(early, 10, store=False, progress=False), parent)
+    assert mxp.with_checkpoint(parent, 20) is parent  # it has that one
+    fp32 = mxp.intervene(replayed, 30, apply="fp32", progress=False)  # stored next to the parent by default
+    assert fp32.path is not None and fp32.info["parent_path"] == parent.path
+    for step, match in ((45, r"step 45 is outside the run: it ran steps 0…39"),
+                        (15, "multiple of diagnostics_every"), (1.5, "must be an integer step")):
+        with pytest.raises(ValueError, match=match):
+            mxp.with_checkpoint(parent, step, progress=False)
+    with pytest.raises(ValueError, match="paired_run=True: the run had no paired FP32 run"):
+        mxp.with_checkpoint(parent, 30, paired_run=True, progress=False)
+
+
+def test_with_checkpoint_of_a_paired_run_keeps_or_drops_its_fp32_run():
+    paired = mxp.train(BASE.replace(paired_run=True, checkpoint_at=(20,)), store=False, progress=False)
+    kept = mxp.with_checkpoint(paired, 30, progress=False)
+    assert kept.info["replay"]["paired_run"] and kept.info["replay"]["identical"]  # the same program: exact
+    assert_same(mxp.intervene(kept, 30, store=False, progress=False), paired)
+    dropped = mxp.with_checkpoint(paired, 30, paired_run=False, progress=False)
+    assert dropped.info["replay"]["paired_run"] is False
+    child = mxp.intervene(dropped, 30, store=False, progress=False)
+    assert child.info["intervention"]["reset"] == ["paired_run"]  # its FP32 run restarts from the weights at 30
+    after = child.metrics[child.metrics["step"] >= 30]
+    assert len(after) == 10 and np.isfinite(after["ref_loss"]).all()
 
 
 @pytest.mark.parametrize("kwargs, match", [
