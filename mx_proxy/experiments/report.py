@@ -176,7 +176,26 @@ def markdown(runs: list[Run], source: str | None = None) -> str:
                       "| mean loss, last 100 steps |", "|---|---|---|---|---|"]
         for r in children:
             lines.append(_intervention_row(r, by_key.get(r.info.get("parent"))))
+        lines += _replay_notes(children)
     return "\n".join(lines) + "\n"
+
+
+def _replay_notes(children: list[Run]) -> list[str]:
+    """One sentence per intervention step whose state was replayed (no
+    checkpoint was kept there; ``mxp.with_checkpoint``): from where, and
+    whether the replayed losses were the parent's bit for bit."""
+    notes = {}
+    for r in children:
+        iv = r.info.get("intervention") or {}
+        rp = iv.get("replay")
+        if rp:
+            same = ("its losses equal the run's bit for bit" if rp.get("identical") else
+                    f"its losses differ from the run's from step {rp.get('first_difference')}, so these "
+                    f"continue the replayed trajectory")
+            notes[iv.get("at_step")] = (f"No checkpoint was kept at step {iv.get('at_step')}: the state there was "
+                                        f"replayed from step {rp.get('from_step')}"
+                                        f"{'' if rp.get('paired_run') else ' without the FP32 run'}; {same}.")
+    return ["", *(notes[t] for t in sorted(notes))] if notes else []
 
 
 def _block_pattern() -> re.Pattern:

@@ -59,7 +59,8 @@ hooks: list[Callable[[Config], None]] = []
 class Member:
     """One run on the member axis: its config, train state and teacher, its
     checkpoint sink, the step it starts from, the metrics it already has (an
-    intervention's parent history, a resumed run's past) and its provenance."""
+    intervention's parent history, a resumed run's past), its provenance and
+    the wall seconds it already spent (a resumed run's, from its checkpoint)."""
 
     config: Config
     state: TrainState
@@ -68,6 +69,7 @@ class Member:
     start: int = 0
     frames: list = dataclasses.field(default_factory=list)
     info: dict = dataclasses.field(default_factory=dict)
+    wall_before: float = 0.0
 
 
 # --------------------------------------------------------------------------- compiled pieces
@@ -101,7 +103,8 @@ def _finish(member: Member, state: TrainState, frames, wall: float) -> Run:
     diverged_at = int(state.diverged_at) if bool(state.diverged) else None
     if diverged_at is not None:
         metrics = metrics[metrics["step"] <= diverged_at].reset_index(drop=True)
-    run = Run(member.config, metrics, diverged_at, jax.device_get(state.params), wall, dict(member.info))
+    run = Run(member.config, metrics, diverged_at, jax.device_get(state.params), member.wall_before + wall,
+              dict(member.info))
     if member.sink.directory is None:
         run.checkpoints = member.sink.memory
     return run
@@ -208,10 +211,12 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
                 progress.restart_clock(bar)
         if t in ckpt_steps:
             host = jax.device_get(state)
+            spent = (time.perf_counter() - t0) / M
             for i in active:
                 member = unstack(host, i)
                 group[i].sink.save(t, member, pd.concat(frames[i], ignore_index=True),
-                                   dict(meta, config_hash=group[i].config.hash(), parent=group[i].info.get("parent")))
+                                   dict(meta, config_hash=group[i].config.hash(), parent=group[i].info.get("parent"),
+                                        wall_time_s=group[i].wall_before + spent))
         diverged = np.asarray(state.diverged).reshape(-1)
         for i in active:
             stopped[i] = bool(diverged[i])
@@ -250,7 +255,7 @@ def _prepare_member(config: Config, st: "_store.Store | None", key: str, force: 
     sink = ckpt.CheckpointSink(st.checkpoint_dir(key))
     done = [s for s in sink.steps() if s <= (config.steps if at is None else at)
             and sink.meta(s).get("config_hash") == config.hash()]
-    frames, start = [], 0
+    frames, start, wall = [], 0, 0.0
     for step in reversed(done):  # the newest checkpoint that restores; a damaged one is dropped
         try:
             state, past = sink.restore(step, ckpt.template(program_for(config), dynamic_for(config)))
@@ -260,8 +265,9 @@ def _prepare_member(config: Config, st: "_store.Store | None", key: str, force: 
             continue
         frames = [past] if past is not None and len(past) else []
         info["resumed_from"] = start = step
+        wall = float(sink.meta(step).get("wall_time_s", 0.0))  # the stretches before this one
         break
-    return Member(config, state, teacher, sink, start, frames, info)
+    return Member(config, state, teacher, sink, start, frames, info, wall)
 
 
 def train(config: Config, *, store=None, force: bool = False, progress: bool = True,

@@ -26,7 +26,8 @@ class Run:
         ``spike_factor`` × the previous step's, else ``None``.
       params: final student parameters (numpy pytree; at a divergence, the
         last parameters before it).
-      wall_time_s: seconds spent training (compilation included).
+      wall_time_s: seconds spent training (compilation included), summed over
+        the stretches of a resumed run; an intervention's own steps only.
       info: provenance (e.g. the parent run and intervention that made it;
         ``key``, the run's key in a run store).
       path: the run's folder in a run store, or ``None`` (in memory only).

@@ -156,3 +156,12 @@ def test_interventions_table_lists_each_child_with_its_outcome():
     rows = [line for line in text.splitlines() if line.startswith("| `fp32` on") or line.startswith("| `paper_bump`")]
     assert rows == ["| `fp32` on `paper_e4m3` | 1000 → 1800 | no | 0.1 | 0.1 |",
                     "| `paper_bump` on `paper_e4m3` | 1000 → 1800 | blew up at step 1500 | 90 | 90 |"]
+    assert "replayed" not in text
+    kids[0].info["intervention"]["replay"] = {"from_step": 500, "paired_run": False, "identical": True}
+    kids[1].info["intervention"]["replay"] = {"from_step": 500, "paired_run": False, "identical": True}
+    text = report.markdown([parent, *kids])
+    assert text.count("No checkpoint was kept at step 1000: the state there was replayed from step 500 without "
+                      "the FP32 run; its losses equal the run's bit for bit.") == 1
+    kids[1].info["intervention"]["replay"] = {"from_step": 500, "paired_run": True, "identical": False,
+                                              "first_difference": 700}
+    assert "replayed from step 500; its losses differ from the run's from step 700" in report.markdown([parent, kids[1]])

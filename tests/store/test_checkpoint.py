@@ -58,6 +58,8 @@ def test_resume_reproduces_uninterrupted_run(parent, tmp_path):
     shutil.copytree(ckdir, f"{killed_run_folder(tmp_path, key)}/checkpoints")  # a killed trainer's checkpoints
     resumed = mxp.train(parent.config, store=tmp_path, progress=False)
     assert resumed.info.get("resumed_from") == 20
+    spent = C.meta(ckdir, 20)["wall_time_s"]  # the stretch before the kill counts too
+    assert 0 < spent < parent.wall_time_s and resumed.wall_time_s > spent
     assert_same(resumed, parent)
 
 
