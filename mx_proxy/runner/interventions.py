@@ -105,10 +105,10 @@ def with_checkpoint(run: Run | str | Path, step: int, *, paired_run: bool | None
         raise ValueError(f"the replay of {parent.info.get('label', pc.recipe.name)} from step {start} diverged at "
                          f"step {replay.diverged_at}, before step {step}; the run itself did not")
     own = parent.metrics[(parent.metrics["step"] >= start) & (parent.metrics["step"] < step)]
-    a = own["loss"].to_numpy(dtype=float)
-    b = replay.metrics["loss"].to_numpy(dtype=float)
-    same = (own["step"].to_numpy() == replay.metrics["step"].to_numpy()) & ((a == b) | (np.isnan(a) & np.isnan(b)))
-    first = None if same.all() else int(replay.metrics["step"].to_numpy()[~same][0])
+    both = replay.metrics[["step", "loss"]].merge(own[["step", "loss"]], on="step", how="left", suffixes=("", "_own"))
+    a, b = both["loss"].to_numpy(dtype=float), both["loss_own"].to_numpy(dtype=float)  # NaN: a step the run lacks
+    same = (a == b) | (np.isnan(a) & np.isnan(b) & both["step"].isin(own["step"]).to_numpy())
+    first = None if same.all() else int(both["step"].to_numpy()[~same][0])
     metrics = parent.metrics if first is None else pd.concat(
         [parent.metrics[parent.metrics["step"] < start], replay.metrics], ignore_index=True)
     info = dict(parent.info, replay={"from_step": start, "paired_run": keep_pair, "identical": first is None,
