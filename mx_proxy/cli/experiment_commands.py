@@ -126,11 +126,8 @@ def _cmd_intervene(args) -> int:
         parent = args.run_dir
         if args.replay:
             parent = interventions.with_checkpoint(parent, args.at_step, progress=not args.quiet)
-            r = parent.info.get("replay")
-            if r is not None:
-                print(f"replayed from step {r['from_step']} to {args.at_step}: losses "
-                      + ("identical to the parent's" if r["identical"] else
-                         f"differ from the parent's from step {r['first_difference']}"))
+            if "replay" in parent.info:
+                print(interventions.replay_summary(parent.info["replay"], args.at_step, "the parent's"))
         run = interventions.intervene(parent, args.at_step, recipe=args.recipe, apply=args.apply or (),
                                store=store, force=args.force, progress=not args.quiet, **changes)
     except KeyboardInterrupt:

@@ -311,11 +311,8 @@ def _interventions(s: _scales.Scale, widths, store, results, progress, log):
             continue
         for t in steps:
             source = interventions.with_checkpoint(parent, t, progress=progress)
-            replay = source.info.get("replay")
-            if replay is not None:
-                log(f"  {p.label}: replayed from step {replay['from_step']} to {t}: "
-                    + ("losses identical to the run's" if replay["identical"] else
-                       f"losses differ from the run's from step {replay['first_difference']}"))
+            if "replay" in source.info:
+                log(f"  {p.label}: {interventions.replay_summary(source.info['replay'], t)}")
             for name in c.interventions:
                 child = interventions.intervene(source, t, apply=name, checkpoint_at=(), checkpoint_every=0,
                                                 store=store or False, progress=progress)

@@ -20,11 +20,13 @@ from mx_proxy.training.config import INTERVENABLE_FIELDS, Config  # the fields d
 from mx_proxy.training.engine import dynamic_for, program_for
 from mx_proxy.training.result import Run
 
-__all__ = ["intervene", "checkpoint_steps", "with_checkpoint", "INTERVENABLE_FIELDS"]
+__all__ = ["intervene", "checkpoint_steps", "with_checkpoint", "replay_summary", "INTERVENABLE_FIELDS"]
 
 
 def _parent_sink(run: Run) -> ckpt.CheckpointSink:
-    if run.path is not None:
+    """Where ``run``'s checkpoints are: those it holds in memory (a run kept
+    out of any store, or given one by :func:`with_checkpoint`), else its folder's."""
+    if run.path is not None and not run.checkpoints:
         return ckpt.CheckpointSink(Path(run.path) / "checkpoints")
     return ckpt.CheckpointSink(memory=run.checkpoints)
 
@@ -44,8 +46,8 @@ def with_checkpoint(run: Run | str | Path, step: int, *, paired_run: bool | None
     on to ``step``. The replayed losses are compared with the run's own, bit
     for bit; ``info["replay"]`` records ``from_step``, ``paired_run``,
     ``identical``, ``first_difference`` (the first step whose loss differs,
-    or None) and ``of_path`` (the run's folder, where a continuation is
-    stored by default). When they are identical the returned run's metrics
+    or None) and ``of_path`` (the run's folder, kept as the returned run's
+    ``path``: a continuation is stored next to it by default). When they are identical the returned run's metrics
     are the run's own; otherwise, before ``step``, the replay's (after the
     run's history before ``from_step``): a continuation then says which
     trajectory it continues. Returns ``run`` itself if it already holds a
@@ -113,9 +115,17 @@ def with_checkpoint(run: Run | str | Path, step: int, *, paired_run: bool | None
         [parent.metrics[parent.metrics["step"] < start], replay.metrics], ignore_index=True)
     info = dict(parent.info, replay={"from_step": start, "paired_run": keep_pair, "identical": first is None,
                                      "first_difference": first, "of_path": parent.path})
-    out = Run(pc, metrics.reset_index(drop=True), parent.diverged_at, parent.params, parent.wall_time_s, info)
+    out = Run(pc, metrics.reset_index(drop=True), parent.diverged_at, parent.params, parent.wall_time_s, info,
+              parent.path)  # a continuation lands next to the run's folder
     out.checkpoints = {step: replay.checkpoints[step]}
     return out
+
+
+def replay_summary(replay: dict, step: int, whose: str = "the run's") -> str:
+    """One line on a :func:`with_checkpoint` replay (its ``info["replay"]``) to ``step``."""
+    return (f"replayed from step {replay['from_step']} to {step}: losses "
+            + (f"identical to {whose}" if replay["identical"] else
+               f"differ from {whose} from step {replay['first_difference']}"))
 
 
 def _check_parent(parent: Run, sink: ckpt.CheckpointSink, at_step: int) -> None:
@@ -207,9 +217,8 @@ def intervene(run: Run | str | Path, at_step: int, recipe: str | _recipes.Recipe
     _memory.check(child)
     parent_key = parent.info.get("key", pc.hash())
     key = _store.entry_key(child, parent_key, at_step)
-    home = parent.path or (parent.info.get("replay") or {}).get("of_path")  # a replayed parent's own folder
-    if store is None and home is not None:  # next to its parent
-        st = _store.Store(Path(home).resolve().parent)
+    if store is None and parent.path is not None:  # next to its parent
+        st = _store.Store(Path(parent.path).resolve().parent)
     else:
         st = _store.resolve(store)
     if st is not None:
@@ -237,7 +246,7 @@ def intervene(run: Run | str | Path, at_step: int, recipe: str | _recipes.Recipe
     if (c_prog.selector is None) != (state.ctrl is None):
         state = state._replace(ctrl=fresh.ctrl)
     history = parent.metrics[parent.metrics["step"] < at_step].reset_index(drop=True)
-    info = {"key": key, "parent": parent_key, "parent_path": home,
+    info = {"key": key, "parent": parent_key, "parent_path": parent.path,
             "intervention": {"at_step": at_step, "recipe": recipe_json.to_json(new_recipe), "apply": applied,
                              "changes": {k: v for k, v in changes.items() if k != "recipe"}, "reset": reset}}
     if "replay" in parent.info:  # the state at at_step was recomputed (with_checkpoint)
