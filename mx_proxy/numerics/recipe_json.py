@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from mx_proxy.numerics.quantize import MXSpec
-from mx_proxy.numerics.recipe import _OPERANDS, PRESETS, Recipe, get
+from mx_proxy.numerics.recipe import PRESETS, Recipe, get
+from mx_proxy.numerics.recipe_type import OPERANDS
 
 __all__ = ["to_json", "from_json"]
 
@@ -31,7 +32,7 @@ def to_json(recipe: Recipe):
             if v:
                 out[f.name] = [[p, to_json(r)] for p, r in v]
         else:
-            out[f.name] = _spec_to_json(v) if isinstance(v, MXSpec) or f.name in _OPERANDS + ("ln_affine",) else v
+            out[f.name] = _spec_to_json(v) if isinstance(v, MXSpec) or f.name in OPERANDS + ("ln_affine",) else v
     return out
 
 
@@ -42,7 +43,7 @@ def from_json(obj) -> Recipe:
     if not isinstance(obj, dict):
         raise ValueError(f"cannot read a recipe from {obj!r}")
     kw = dict(obj)
-    for f in _OPERANDS + ("ln_affine",):
+    for f in OPERANDS + ("ln_affine",):
         if kw.get(f) is not None:
             kw[f] = MXSpec(**kw[f])
     if "overrides" in kw:
