@@ -342,10 +342,11 @@ def seconds_per_step(configs: list[Config], steps: int = 2) -> float:
     teacher = states[0][1]
     state = twins.twin_state([st for st, _ in states]) if len(configs) > 1 else states[0][0]
     n = max(steps, first.diagnostics_every or 1)
-    seg = jax.jit(program.segment, static_argnames=("n",), compiler_options=opts)
-    jax.block_until_ready(seg(state, dyn, teacher, jax.numpy.int32(0), n=n))
+    seg = jax.jit(program.segment, static_argnames=("size",), compiler_options=opts)
+    start, steps = jax.numpy.int32(0), jax.numpy.int32(n)
+    jax.block_until_ready(seg(state, dyn, teacher, start, steps, size=n))
     t0 = time.perf_counter()
-    jax.block_until_ready(seg(state, dyn, teacher, jax.numpy.int32(0), n=n))
+    jax.block_until_ready(seg(state, dyn, teacher, start, steps, size=n))
     return (time.perf_counter() - t0) / n
 
 

@@ -110,6 +110,12 @@ def _finish(member: Member, state: TrainState, frames, wall: float) -> Run:
     return run
 
 
+def _rows(metrics: dict, n: int) -> dict:
+    """The first ``n`` rows of a segment's metrics (its steps; the program's
+    buffers hold ``chunk`` rows, see :func:`mx_proxy.training.engine.run_steps`)."""
+    return {k: v[:n] for k, v in metrics.items()}
+
+
 def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True,
                 on_segment: Callable | None = None, twins: bool = False) -> list[Run]:
     """Train the members of one program group from step ``start`` to the end
@@ -132,8 +138,8 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
         seg2, val2 = programs.twins(tuple(static_key(m.config) for m in group))
 
         def seg(state, dyn, teacher, start, n):
-            new, m = seg2(state, dyn, teacher, start, n=n)
-            return new, list(jax.device_get(m))
+            new, m = seg2(state, dyn, teacher, start, np.int32(n), size=c0.chunk)
+            return new, [_rows(mi, n) for mi in jax.device_get(m)]
 
         def val(state, dyn, teacher):
             return np.asarray(val2(state, dyn, teacher))
@@ -145,8 +151,8 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
         seg1, val1 = programs.single(key)
 
         def seg(state, dyn, teacher, start, n):
-            new, m = seg1(state, dyn, teacher, start, n=n)
-            return new, [jax.device_get(m)]
+            new, m = seg1(state, dyn, teacher, start, np.int32(n), size=c0.chunk)
+            return new, [_rows(jax.device_get(m), n)]
 
         def val(state, dyn, teacher):
             return np.asarray(val1(state.params, dyn, teacher))[None]
@@ -177,9 +183,9 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
         seg_members, val_params = programs.members(key, dyn_axes, teacher_axis)
 
         def seg(state, dyn, teacher, start, n):
-            new, m = seg_members(state, dyn, teacher, start, n=n)
+            new, m = seg_members(state, dyn, teacher, start, np.int32(n), size=c0.chunk)
             m = jax.device_get(m)
-            return new, [{k: v[i] for k, v in m.items()} for i in range(M)]
+            return new, [_rows({k: v[i] for k, v in m.items()}, n) for i in range(M)]
 
         def val(state, dyn, teacher):
             return np.asarray(val_params(state.params, dyn, teacher))

@@ -42,14 +42,14 @@ def single(key: Config):
     member axis: the program of a single run (a size-1 ``vmap`` would let XLA
     fuse, and round, differently from the sweeps it must equal)."""
     program = program_for(key)
-    return (_program("segment", program.segment, key, ("n",)), _program("val_loss", program.val_loss, key))
+    return (_program("segment", program.segment, key, ("size",)), _program("val_loss", program.val_loss, key))
 
 
 @functools.lru_cache(maxsize=16)
 def twins(keys: tuple[Config, ...]):
     """(segment, val_loss) of a twin group (:class:`mx_proxy.training.twins.TwinProgram`)."""
     program = _twins.TwinProgram(keys)
-    return (_program("twins_segment", program.segment, keys, ("n",)),
+    return (_program("twins_segment", program.segment, keys, ("size",)),
             _program("twins_val_loss", program.val_loss, keys))
 
 
@@ -79,9 +79,9 @@ def members(key: Config, dyn_axes: tuple, teacher_axis):
 
         return jax.lax.map(member, mapped)
 
-    def segment(state, dyn, teacher, start, *, n):
+    def segment(state, dyn, teacher, start, n, *, size):
         def one(s, d, te):
-            return program.segment(s, d, te, start, n=n)
+            return program.segment(s, d, te, start, n, size=size)
 
         if vmapped:
             return jax.vmap(one, in_axes=(0, axes, teacher_axis))(state, dyn, teacher)
@@ -93,4 +93,4 @@ def members(key: Config, dyn_axes: tuple, teacher_axis):
         return one_by_one(program.val_loss, state, dyn, teacher)  # the same GEMMs as a single run's
 
     group = (key, dyn_axes, teacher_axis)
-    return (_program("members_segment", segment, group, ("n",)), _program("members_val_loss", val_loss, group))
+    return (_program("members_segment", segment, group, ("size",)), _program("members_val_loss", val_loss, group))

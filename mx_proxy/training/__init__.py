@@ -1,4 +1,4 @@
-"""Training: ``Config``, data, the engine (jitted step, ``lax.scan`` segments), diagnostics,
+"""Training: ``Config``, data, the engine (jitted step, segments of steps in one loop), diagnostics,
 controllers, ``Run`` and ``Sweep``.
 
 Importing this layer turns on JAX's persistent compilation cache

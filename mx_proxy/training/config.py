@@ -322,7 +322,8 @@ class Config:
 
     @property
     def chunk(self) -> int:
-        """Steps per compiled ``lax.scan`` segment (the host loop's unit)."""
+        """Steps per host-loop segment, at most: the rows of the run's one
+        compiled segment program, which runs any number of steps up to it."""
         if self.val_every:
             return self.val_every
         return max(self.diagnostics_every, 1) * max(1, 100 // max(self.diagnostics_every, 1))

@@ -1,10 +1,11 @@
-"""The training engine: a jitted step, ``lax.scan`` segments, divergence.
+"""The training engine: a jitted step, segments of steps in one loop, divergence.
 
 Everything static about a config (model definitions, recipe, optimizer kind,
 diagnostics period) lives in a cached :class:`Program`; everything a sweep may
 vary without recompiling (the ``kind=DYNAMIC`` fields: learning rate, seeds,
 noise, spike factor, number of steps) is a traced :class:`Dynamic`. One
-segment of steps is one compiled call, a ``lax.scan`` over one step body.
+segment of steps is one compiled call, a loop over one step body whose trip
+count is traced (:func:`run_steps`): one program serves every segment length.
 Every ``diagnostics_every``-th step is a diagnostic step (reference
 gradient, ‖ζ‖ bound, cosine, clamp statistics): the diagnostics sit in a
 ``lax.cond`` on ``t % P == 0`` whose other branch gives NaN of the same
@@ -24,7 +25,7 @@ block and layer, the layer the operand role), so a run replays exactly; the
 ``ngpt`` student's weights are renormalized after init and after every
 optimizer step; a stability controller (``Config.controller``) keeps its
 state in the :class:`TrainState` and switches the precision of each unit as
-traced state inside the scan (see :mod:`mx_proxy.training.controllers`).
+traced state inside the loop (see :mod:`mx_proxy.training.controllers`).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ from mx_proxy.numerics.recipe import PRESETS
 from mx_proxy.training import controllers, data, diagnostics, optimizer
 from mx_proxy.training.config import DYNAMIC, HOST, Config, fields_of_kind
 
-__all__ = ["Dynamic", "TrainState", "Program", "program_for", "dynamic_for", "static_key", "compiler_options"]
+__all__ = ["Dynamic", "TrainState", "Program", "program_for", "dynamic_for", "static_key", "compiler_options",
+           "run_steps"]
 
 # Config fields a sweep varies inside one compiled program, and those only the host loop reads
 # (checkpointing; they never change the compiled program): the kinds their knob() declarations give.
@@ -160,7 +162,7 @@ class Program:
     and reference recipe), the frozen teacher, the optimizer direction
     (:mod:`mx_proxy.training.optimizer`), the controller and the clamp-counting
     specs; its methods are :meth:`init` (state and teacher of one run),
-    :meth:`segment` (``n`` steps in one ``lax.scan``), :meth:`val_loss`, and
+    :meth:`segment` (``n`` steps in one loop), :meth:`val_loss`, and
     the step's parts that :mod:`mx_proxy.training.twins` reuses
     (:meth:`reference_step`, :meth:`student_step`, :meth:`finish_step`). The
     batches come from :mod:`mx_proxy.training.data`, the diagnostic metrics
@@ -367,10 +369,11 @@ class Program:
         out["act_clamp_frac"] = jnp.mean(out["act_clamp_frac/block"])
         return out
 
-    def segment(self, state, dyn, teacher, start, *, n: int):
-        """Run ``n`` steps from step ``start`` (traced int32): one ``lax.scan``
-        over the step. Returns the new state and the metrics stacked over steps."""
-        return jax.lax.scan(lambda s, t: self._step(s, t, dyn, teacher), state, start + jnp.arange(n, dtype=jnp.int32))
+    def segment(self, state, dyn, teacher, start, n, *, size: int):
+        """Run ``n`` steps from step ``start`` (both traced int32, ``n`` ≤
+        ``size``; :func:`run_steps`). Returns the new state and the metrics
+        stacked over ``size`` rows, the first ``n`` of them the steps'."""
+        return run_steps(lambda s, t: self._step(s, t, dyn, teacher), state, start, n, size)
 
     def val_loss(self, params, dyn, teacher):
         """Mean loss over the config's held-out batches (pure)."""
@@ -384,6 +387,27 @@ class Program:
             return total + jnp.mean(jnp.square(pred - y))
 
         return jax.lax.fori_loop(0, c.val_batches, batch_loss, jnp.float32(0)) / c.val_batches
+
+
+def run_steps(step, state, start, n, size: int):
+    """``n`` steps of ``step(state, t) -> (state, metrics)`` from step
+    ``start`` (both traced int32, 0 ≤ ``n`` ≤ ``size``), one after another in
+    a loop whose trip count is traced: the segments of every length a run
+    needs (to the next validation step, a checkpoint, the end) share one
+    compiled program per ``size`` (the config's ``chunk``), and with it one
+    compiled step body. Returns the new state and each metric stacked over
+    ``size`` rows, the first ``n`` of them the steps' (the rest NaN, or 0
+    for integer metrics)."""
+    shapes = jax.eval_shape(step, state, start)[1]
+    rows = jax.tree.map(lambda a: jnp.full((size, *a.shape), jnp.nan if jnp.issubdtype(a.dtype, jnp.floating) else 0,
+                                           a.dtype), shapes)
+
+    def body(i, carry):
+        s, rows = carry
+        s, m = step(s, start + i)
+        return s, jax.tree.map(lambda r, v: jax.lax.dynamic_update_index_in_dim(r, v, i, 0), rows, m)
+
+    return jax.lax.fori_loop(0, n, body, (state, rows))
 
 
 def _nan_like(shapes):

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from mx_proxy.training.config import Config
-from mx_proxy.training.engine import TrainState, program_for, static_key
+from mx_proxy.training.engine import TrainState, program_for, run_steps, static_key
 
 __all__ = ["TwinState", "TwinProgram", "shareable", "twin_key", "member", "twin_state"]
 
@@ -98,10 +98,11 @@ class TwinProgram:
         ref_opt = jax.tree.map(lambda a, b: jnp.where(ref_ok, a, b), ref[3], state.ref_opt)
         return TwinState(tuple(students), ref_params, ref_opt), tuple(metrics)
 
-    def segment(self, state: TwinState, dyn, teacher, start, *, n: int):
-        """``n`` steps from ``start``; a tuple of each member's metrics
-        stacked over steps (members may record different columns)."""
-        return jax.lax.scan(lambda s, t: self._step(s, t, dyn, teacher), state, start + jnp.arange(n, dtype=jnp.int32))
+    def segment(self, state: TwinState, dyn, teacher, start, n, *, size: int):
+        """``n`` steps from ``start`` (:func:`~mx_proxy.training.engine.run_steps`);
+        a tuple of each member's metrics stacked over ``size`` rows (members
+        may record different columns)."""
+        return run_steps(lambda s, t: self._step(s, t, dyn, teacher), state, start, n, size)
 
     def val_loss(self, state: TwinState, dyn, teacher):
         """(k,) held-out losses of the students."""

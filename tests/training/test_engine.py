@@ -2,11 +2,15 @@
 
 import math
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import mx_proxy as mxp
-from mx_proxy.training import data
+from mx_proxy.runner import programs
+from mx_proxy.training import data, engine
+from mx_proxy.training.result import segment_length
 
 SMALL = mxp.Config(width=32, depth=2, batch=64, steps=60, lr=1e-3, diagnostics_every=10, val_every=20)
 
@@ -15,6 +19,37 @@ def test_same_config_twice_gives_identical_metrics():
     cfg = SMALL.replace(recipe="mxfp8_mixed")
     a, b = mxp.train(cfg, progress=False), mxp.train(cfg, progress=False)
     assert a.metrics.equals(b.metrics)
+
+
+def _toy_step(s, t):
+    s = s * 1.5 + t.astype(jnp.float32)
+    return s, {"s": s, "t": t}
+
+
+def test_run_steps_runs_n_steps_of_one_program_of_size_rows():
+    f = jax.jit(engine.run_steps, static_argnums=(0, 4))
+    for n in (0, 3, 5):
+        state, rows = f(_toy_step, jnp.float32(1), jnp.int32(7), jnp.int32(n), 5)
+        ref_state, ref = jax.lax.scan(_toy_step, jnp.float32(1), 7 + jnp.arange(n, dtype=jnp.int32))
+        assert np.asarray(state) == np.asarray(ref_state)
+        np.testing.assert_array_equal(np.asarray(rows["s"])[:n], np.asarray(ref["s"]))
+        np.testing.assert_array_equal(np.asarray(rows["t"])[:n], np.asarray(ref["t"]))
+        assert np.isnan(np.asarray(rows["s"])[n:]).all() and (np.asarray(rows["t"])[n:] == 0).all()
+    assert f._cache_size() == 1  # every n ran the one compiled program
+
+
+def test_every_segment_length_of_a_run_is_one_compiled_program():
+    cfg = mxp.Config(width=16, depth=1, batch=8, steps=50, diagnostics_every=10, val_every=20, val_batches=1,
+                     checkpoint_at=(30,), recipe="mxfp8_e4m3")
+    lengths, t = [], 0
+    while t < cfg.steps:
+        lengths.append(segment_length(cfg, t))
+        t += lengths[-1]
+    assert lengths == [20, 10, 10, 10]  # to the validation step, the checkpoint, the validation step, the end
+    run = mxp.train(cfg, progress=False)
+    assert list(run.metrics.step) == list(range(50))
+    segment, _ = programs.single(engine.static_key(cfg))
+    assert len(segment._memory) == 1  # one signature compiled (or loaded) for all four segments
 
 
 def test_data_is_a_pure_function_of_seed_and_step():

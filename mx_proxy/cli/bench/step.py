@@ -46,10 +46,10 @@ def step_timer(config: Config, steps: int):
     program = program_for(config)
     dyn = dynamic_for(config)
     state, teacher = program.init(dyn)
-    segment = jax.jit(program.segment, static_argnames=("n",), compiler_options=compiler_options(config))
+    segment = jax.jit(program.segment, static_argnames=("size",), compiler_options=compiler_options(config))
 
     def run():
-        s, m = segment(state, dyn, teacher, np.int32(0), n=steps)
+        s, m = segment(state, dyn, teacher, np.int32(0), np.int32(steps), size=steps)
         jax.block_until_ready(m["loss"])
 
     return run
