@@ -48,6 +48,7 @@ JIT = textwrap.dedent("""
     import json, jax, jax.numpy as jnp
     import mx_proxy as mxp
     from mx_proxy.training import compile_cache
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # this tiny program is written too
     jax.jit(lambda x: jnp.tanh(x) * 7)(jnp.ones(11)).block_until_ready()
     print("RESULT", json.dumps(dict(dir=str(compile_cache.active_dir()))))
 """)
@@ -97,10 +98,11 @@ def test_entries_counts_cache_files(tmp_path):
 def test_a_second_process_loads_every_program_from_the_cache(tmp_path):
     cache = tmp_path / "cache"
     first = _run(TRAIN, tmp_path, PROXY_COMPILE_CACHE=str(cache))
-    assert first["dir"] == str(cache) and first["min_time"] == 0.0 and first["min_size"] == 0
+    assert first["dir"] == str(cache) and first["min_time"] == compile_cache.MIN_COMPILE_TIME_S and first["min_size"] == 0
     assert first["max_size"] == compile_cache.MAX_SIZE_BYTES > 0  # a cap: JAX locks entries while it reads or writes
     n, size = compile_cache.entries(cache)
-    assert first["hits"] == 0 and n >= 3 and size > 0  # init, segment and validation programs at least
+    assert first["hits"] == 0 and n >= 1 and size > 0  # the segment program at least (0.1 s or more to compile)
+    assert n < first["programs"]  # not the eager single operations
     assert first["compiled"] == 3 and first["loaded"] == 0  # init, segment, validation
     kept = sorted(p.name.split("-")[0] for p in (cache / executables.SUBDIR).iterdir())
     assert kept == ["init", "segment", "val_loss"]
@@ -129,8 +131,10 @@ def test_jax_folder_is_kept_and_enable_moves_the_cache(tmp_path):
         import mx_proxy as mxp
         from mx_proxy.training import compile_cache
         kept = str(compile_cache.active_dir())
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # the tiny programs are written too
         jax.jit(lambda x: jnp.sin(x) * 3)(jnp.ones(3)).block_until_ready()
         moved = compile_cache.enable(%r)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.jit(lambda x: jnp.cos(x) + 2)(jnp.ones(5)).block_until_ready()
         print("RESULT", json.dumps(dict(kept=kept, moved=str(moved))))
     """ % str(tmp_path / "moved"))
@@ -169,4 +173,4 @@ def test_bench_compile_measures_cold_warm_and_a_new_program(tmp_path):
     assert warm_n == 0 and kept[1] == (3, 0), text  # warm: the three executables, nothing compiled
     assert kept[2] == (0, 3) and 0 < new_n - new_hits < new_n, text  # a new activation: new programs (init from JAX's cache)
     assert "target: warm rerun adds <= 1 s:" in text and "target: a new program compiles in <= 8 s cold:" in text
-    assert compile_cache.entries(tmp_path / "cache")[0] >= cold_n
+    assert 0 < compile_cache.entries(tmp_path / "cache")[0] <= cold_n  # those that took 0.1 s or more to compile
