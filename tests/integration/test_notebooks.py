@@ -71,11 +71,11 @@ def _images(cell) -> int:
     return sum("image/png" in o.get("data", {}) for o in cell.get("outputs", []))
 
 
-def _smoke_client(path, tmp_path, tmp_path_factory, monkeypatch):
+def _smoke_client(path, tmp_path, monkeypatch):
     """(notebook, client): ``path`` with its parameters set to the smoke scale and a tmp store, and an
     nbclient client for it."""
-    # kernels share one compilation cache: the notebooks compile many of the same programs
-    monkeypatch.setenv("PROXY_COMPILE_CACHE", str(tmp_path_factory.getbasetemp() / "jax-cache"))
+    # the kernels inherit the suite's compilation cache ($PROXY_COMPILE_CACHE, else the user's): the notebooks
+    # compile many of the programs that the figures command and the other notebooks compile, on either worker
     monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel must pick its own inline backend
     nb = inject_parameters(nbformat.read(path, as_version=4), SCALE="smoke", STORE=str(tmp_path / "runs"),
                            RESULTS=str(path.parent.parent / "results"))
@@ -97,8 +97,8 @@ EXPLORE = NOTEBOOKS[0].parent / "10_explore.ipynb"
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p != EXPLORE], ids=lambda p: p.stem)
-def test_notebook_runs_at_smoke_scale_and_shows_its_figures(path, tmp_path, tmp_path_factory, monkeypatch):
-    nb, client = _smoke_client(path, tmp_path, tmp_path_factory, monkeypatch)
+def test_notebook_runs_at_smoke_scale_and_shows_its_figures(path, tmp_path, monkeypatch):
+    nb, client = _smoke_client(path, tmp_path, monkeypatch)
     client.execute()
     _assert_ran_and_shows_its_figures(nb)
 
@@ -114,10 +114,10 @@ def _output(cell, mime: str) -> str:
 
 
 @pytest.mark.slow
-def test_notebook_10_runs_and_its_results_follow_the_train_button(tmp_path, tmp_path_factory, monkeypatch):
+def test_notebook_10_runs_and_its_results_follow_the_train_button(tmp_path, monkeypatch):
     """Notebook 10 top to bottom at the smoke scale (as the other notebooks), then, in the same kernel, Train
     pressed with another seed and step count and the results cell rerun: it shows the new runs (panel.runs)."""
-    nb, client = _smoke_client(EXPLORE, tmp_path, tmp_path_factory, monkeypatch)
+    nb, client = _smoke_client(EXPLORE, tmp_path, monkeypatch)
     results = _results_cell(nb)
     with client.setup_kernel():
         for i, cell in enumerate(nb.cells):

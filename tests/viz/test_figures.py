@@ -54,10 +54,9 @@ def test_beyond_figure_has_an_entry_and_draws_a_table():
 
 
 @pytest.mark.slow
-def test_figures_command_writes_every_png_at_smoke_and_reuses_runs(tmp_path, tmp_path_factory):
+def test_figures_command_writes_every_png_at_smoke_and_reuses_runs(tmp_path):
     store = tmp_path / "runs"
-    env = dict(os.environ, MPLBACKEND="Agg",
-               JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.getbasetemp() / "jax-cache"))
+    env = dict(os.environ, MPLBACKEND="Agg")  # the suite's compilation cache, shared with the notebooks' kernels
     out = tmp_path / "figs"
     first = _figures(out, env, store)
     assert first.returncode == 0, first.stderr[-4000:]
