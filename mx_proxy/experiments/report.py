@@ -44,13 +44,15 @@ def _pct(v: float) -> str:
     return "–" if not math.isfinite(v) else f"{_num(v, '+')} %"
 
 
-def _name(r: Run) -> str:
+def _name(r: Run, seeds: bool = False) -> str:
+    """How a row names its run; ``seeds``: the folder holds several seeds, so the run's seed is said too."""
     c = r.config
+    seed = f", seed {c.seed}" if seeds else ""
     if r.info.get("kind") == "control":
         other = f" with seed {c.reference_seed}" if c.reference_seed not in (None, c.seed) else ""
-        return f"control: `{c.recipe.name}` against `{c.reference_recipe.name}`{other}"
+        return f"control{seed}: `{c.recipe.name}` against `{c.reference_recipe.name}`{other}"
     note = _NOTES.get(c.recipe.name)
-    return f"`{c.recipe.name}`" + (f" ({note})" if note else "")
+    return f"`{c.recipe.name}`" + (f" ({note}{seed})" if note else f" ({seed[2:]})" if seeds else "")
 
 
 def _diverged(r: Run, h: dict) -> str:
@@ -66,7 +68,7 @@ def _steps(v) -> str:
     return "never" if v is None or pd.isna(v) else str(int(v))
 
 
-def _row(r: Run, h: dict, drift) -> str:
+def _row(r: Run, h: dict, drift, seeds: bool = False) -> str:
     counted = " (counted)" if r.config.recipe.ln_affine is None else ""
     same = "0 (nothing quantized)" if h["zeta_max"] == 0 else f"{_num(h['zeta_median'])} / {_num(h['zeta_max'])}"
     gains = " / ".join(f"{v:.3f}" for v in drift["last"]) if len(drift) else "–"
@@ -75,16 +77,16 @@ def _row(r: Run, h: dict, drift) -> str:
         "half_clamped_at", kind="stable").head(1)
     onset = (f"block {int(first['block'].iloc[0])}: {_steps(first['half_clamped_at'].iloc[0])} / "
              f"{_steps(first['all_clamped_at'].iloc[0])}") if len(first) else "never"
-    return (f"| {_name(r)} | {_diverged(r, h)} | {_pct(h['vs_fp32_pct'])} | {same} | "
+    return (f"| {_name(r, seeds)} | {_diverged(r, h)} | {_pct(h['vs_fp32_pct'])} | {same} | "
             f"{_num(h['zeta_paper_median'])} / {_num(h['zeta_paper_max'])} | "
             f"{100 * h['ln_clamp_max']:.0f} %{counted} | {gains} ({int(drift['in_band'].sum())} of {len(drift)}) | "
             f"{onset} |")
 
 
-def _facts(r: Run, h: dict, drift) -> str:
+def _facts(r: Run, h: dict, drift, seeds: bool = False) -> str:
     onset = h["unstable_at"]
     w = analysis.blowup_window(r)
-    s = f"- {_name(r)}: "
+    s = f"- {_name(r, seeds)}: "
     if onset is None:
         s += (f"largest loss jump {h['max_jump']:.1f}× its minimum over the previous {w} steps (step "
               f"{h['max_jump_at']}); from step 1000 on, at most {h['fp32_ratio_max']:.2f}× the FP32 run's loss (step "
@@ -164,8 +166,8 @@ def markdown(runs: list[Run], source: str | None = None) -> str:
     facts = []
     for r in main:
         h, drift = analysis.headline(r), analysis.gain_drift(r)
-        lines.append(_row(r, h, drift))
-        facts.append(_facts(r, h, drift))
+        lines.append(_row(r, h, drift, len(seeds) > 1))
+        facts.append(_facts(r, h, drift, len(seeds) > 1))
     lines += [""] + facts
     children = sorted((r for r in runs if r.info.get("kind") == "intervention"),
                       key=lambda r: ((r.info.get("intervention") or {}).get("at_step") or 0, r.info.get("label", "")))

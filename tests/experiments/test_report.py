@@ -78,6 +78,20 @@ def test_markdown_writes_one_row_per_run_with_its_numbers():
     assert "(somewhere)" in text.splitlines()[0] and "LR 6e-4" in text.splitlines()[0]
 
 
+def test_rows_name_the_seed_when_a_folder_holds_several():
+    runs = [_run(), _run(recipe="mxfp8_e4m3")]
+    one = report.markdown(runs)
+    assert "seed 0;" in one.splitlines()[0] and "seed 0)" not in one  # one seed: said once, in the header
+    r = _run()
+    text = report.markdown(runs + [Run(r.config.replace(seed=1), r.metrics, None, info=r.info)])
+    assert text.splitlines()[0].split(";")[0].endswith("seeds 0, 1")
+    rows = [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| `")]
+    assert rows == ["`paper_e4m3` (the authors' code, E4M3 everywhere, seed 0)",
+                    "`mxfp8_e4m3` (LN gains really MX-quantized, seed 0)",
+                    "`paper_e4m3` (the authors' code, E4M3 everywhere, seed 1)"]
+    assert "- `paper_e4m3` (the authors' code, E4M3 everywhere, seed 1): " in text
+
+
 def test_markdown_rejects_results_without_paired_runs(tmp_path):
     r = _run()
     r.info["kind"] = "grid"
