@@ -10,6 +10,11 @@ The public API a notebook sees::
     sw = mxp.sweep(cfg, lr=[1e-4, 3e-4, 1e-3], seed=[0, 1], recipe=["fp32", "mxfp8_mixed"])
     saved = mxp.intervene(mx, at_step=1500, apply="ln_exempt")   # names: mxp.MITIGATIONS
 
+    # a rate, not a trajectory: 16 replicas per arm branched at step 1500, each arm seeing the same perturbations
+    ens = mxp.ensemble(mx_run_in_a_store, branch_at=1500, members=16, arms=["unchanged", "fp32", "rceil"], horizon=1000)
+    ens.rates()                   # P(blow-up) per arm, Clopper–Pearson 95 % intervals; ens.paired_tests(), ens.survival(arm)
+    mxp.plots.survival(ens)       # Kaplan–Meier curves per arm with their bands
+
     spec = mxp.MXSpec("fp8_e4m3")           # block 32, OCP floor scale, ties to even
     q = mxp.quantize(x, spec, axis=-1)       # float32 values on the MX grid
     s = mxp.quantize_stats(x, spec)          # clamped / last-bin / flushed fractions
@@ -40,6 +45,9 @@ _LAZY = {
     'ElementFormat': ('mx_proxy.numerics.formats', 'ElementFormat'),
     'GNMR': ('mx_proxy.training.controllers', 'GNMR'),
     'explore': ('mx_proxy.viz.explore', 'explore'),
+    'ensemble': ('mx_proxy.experiments.ensemble_result', 'ensemble'),
+    'load_ensemble': ('mx_proxy.experiments.ensemble_result', 'load'),
+    'Ensemble': ('mx_proxy.experiments.ensemble', 'Ensemble'),
     'MITIGATIONS': ('mx_proxy.numerics.recipe', 'MITIGATIONS'),
     'MXSpec': ('mx_proxy.numerics.quantize', 'MXSpec'),
     'NVFP4': ('mx_proxy.numerics.quantize', 'NVFP4'),
@@ -58,7 +66,7 @@ _LAZY = {
     'plots': ('mx_proxy.viz.plots', None),
 }
 
-__all__ = ['formats', 'recipes', 'Config', 'ElementFormat', 'GNMR', 'explore', 'MITIGATIONS', 'MXSpec', 'NVFP4',
+__all__ = ['formats', 'recipes', 'Config', 'ElementFormat', 'GNMR', 'explore', 'ensemble', 'load_ensemble', 'Ensemble', 'MITIGATIONS', 'MXSpec', 'NVFP4',
            'QuantStats', 'Recipe', 'Run', 'Sweep', 'intervene', 'load', 'mitigate', 'quantize', 'quantize_stats',
            'sweep', 'train', 'with_checkpoint', 'plots', '__version__']
 

@@ -11,6 +11,7 @@ import pandas as pd
 
 from mx_proxy.cli.bench import BENCHMARKS, describe
 from mx_proxy.cli.config_options import add_config_options, config_from_args
+from mx_proxy.cli.ensemble_command import add_ensemble_command
 from mx_proxy.cli.experiment_commands import add_experiment_commands, add_store_options, guard, store_arg
 from mx_proxy.cli.help import PlainFormatter, cli_message
 from mx_proxy.experiments import campaign, campaign_status, report, scales
@@ -146,15 +147,19 @@ def build_parser() -> argparse.ArgumentParser:
     camp.add_argument("--no-store", action="store_true",
                       help="keep the runs in memory (no OUT/runs: nothing to resume from); results are still written")
     camp.set_defaults(func=_campaign, parser=camp)
+    add_ensemble_command(sub)
 
     rep = sub.add_parser(
-        "report", help="a campaign's results as the README's headline (Markdown)",
+        "report", help="a campaign's or an ensemble's results as Markdown (the README's headline)",
         description="Print the headline of a campaign results folder as Markdown: a table of its paired runs and "
                     "controls (divergence, loss against FP32, same-point and paper ζ, LN clamping, the LN gains' "
-                    "drift), a line of facts per run and the interventions. With --update, rewrite each block "
+                    "drift), a line of facts per run and the interventions; of an ensemble's results folder: "
+                    "P(blow-up) per arm with 95 % intervals, survival, paired tests against the control, loss "
+                    "gaps and the warning signals' scores. With --update, rewrite each block "
                     f"between `{report.BEGIN.format('FOLDER')}` and `{report.END}` in the given Markdown files "
                     "from its folder.")
-    rep.add_argument("results", nargs="?", help="a results folder (OUT/results of a campaign, e.g. results/paper)")
+    rep.add_argument("results", nargs="?", help="a results folder (OUT/results of a campaign or an ensemble, e.g. "
+                                                "results/paper)")
     rep.add_argument("--update", nargs="+", metavar="FILE", help="Markdown files whose report blocks to rewrite")
     rep.set_defaults(func=_report, parser=rep)
 

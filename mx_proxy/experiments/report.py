@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mx_proxy.experiments import analysis, campaign
+from mx_proxy.experiments import analysis, campaign, ensemble_report
 from mx_proxy.training.result import Run
 
 __all__ = ["markdown", "for_folder", "blocks", "update", "BEGIN", "END"]
@@ -213,8 +213,11 @@ def blocks(text: str) -> list[tuple[str, str]]:
 
 
 def for_folder(results: str | os.PathLike) -> str:
-    """:func:`markdown` of the results folder ``results``, naming it."""
+    """:func:`markdown` of the results folder ``results``, naming it (an
+    ensemble's folder: :func:`mx_proxy.experiments.ensemble_report.for_folder`)."""
     path = Path(results)
+    if ensemble_report.is_ensemble(path):
+        return ensemble_report.for_folder(path)
     if not (path / "index.csv").exists() and not any(path.glob("*/run.json")):
         raise ValueError(f"no campaign results in {str(results)!r} (no */run.json); a campaign exports them to "
                          f"OUT/results")

@@ -17,10 +17,10 @@ from mx_proxy.store import checkpoint as ckpt
 from mx_proxy.store import run_store as _store
 from mx_proxy.training import memory as _memory
 from mx_proxy.training.config import INTERVENABLE_FIELDS, Config  # the fields declared knob(..., intervene=True)
-from mx_proxy.training.engine import dynamic_for, program_for
+from mx_proxy.training.engine import TrainState, dynamic_for, program_for
 from mx_proxy.training.result import Run
 
-__all__ = ["intervene", "checkpoint_steps", "with_checkpoint", "replay_summary", "INTERVENABLE_FIELDS"]
+__all__ = ["intervene", "continue_state", "state_at", "checkpoint_steps", "with_checkpoint", "replay_summary", "INTERVENABLE_FIELDS"]
 
 
 def _parent_sink(run: Run) -> ckpt.CheckpointSink:
@@ -29,6 +29,12 @@ def _parent_sink(run: Run) -> ckpt.CheckpointSink:
     if run.path is not None and not run.checkpoints:
         return ckpt.CheckpointSink(Path(run.path) / "checkpoints")
     return ckpt.CheckpointSink(memory=run.checkpoints)
+
+
+def state_at(run: Run, step: int) -> tuple[TrainState, pd.DataFrame | None]:
+    """(train state, metrics before ``step``) of ``run``'s checkpoint at
+    ``step`` (in its folder or in memory, e.g. one :func:`with_checkpoint` made)."""
+    return _parent_sink(run).restore(step, ckpt.template(program_for(run.config), dynamic_for(run.config)))
 
 
 def checkpoint_steps(run: Run) -> list[int]:
@@ -145,6 +151,31 @@ def _check_parent(parent: Run, sink: ckpt.CheckpointSink, at_step: int) -> None:
                          f"config {parent.config.hash()} (config.json edited?); retrain the parent")
 
 
+def continue_state(state: TrainState, parent: Config, child: Config) -> tuple[TrainState, object, list[str]]:
+    """``state``, a train state of a ``parent`` run, made a valid state of
+    ``child``: ``(state, child's teacher, what was reset)``. A new optimizer
+    kind (or a recipe that trains other parameters) starts a fresh optimizer
+    state (``"opt_state"``); a paired run the parent lacked (or that a replay
+    left out) starts from the student's weights (``"paired_run"``); one the
+    child lacks is dropped; the controller's state follows the child's."""
+    p_prog, c_prog = program_for(parent), program_for(child)
+    fresh, teacher = runner.init_state(child)
+    reset = []
+    if jax.tree.structure(fresh.opt_state) != jax.tree.structure(state.opt_state):
+        state = state._replace(opt_state=c_prog.tx.init(state.params))
+        reset.append("opt_state")
+    if c_prog.paired and (not p_prog.paired or state.ref_params is None):  # off, or replayed without it
+        state = state._replace(ref_params=state.params, ref_opt=c_prog.tx.init(state.params))
+        reset.append("paired_run")
+    elif c_prog.paired and jax.tree.structure(fresh.ref_opt) != jax.tree.structure(state.ref_opt):
+        state = state._replace(ref_opt=c_prog.tx.init(state.ref_params))
+    elif not c_prog.paired:
+        state = state._replace(ref_params=None, ref_opt=None)
+    if (c_prog.selector is None) != (state.ctrl is None):
+        state = state._replace(ctrl=fresh.ctrl)
+    return state, teacher, reset
+
+
 def intervene(run: Run | str | Path, at_step: int, recipe: str | _recipes.Recipe | None = None, *,
               apply: str | Iterable[str] = (), store=None, force: bool = False, progress: bool = True,
               **changes) -> Run:
@@ -229,22 +260,8 @@ def intervene(run: Run | str | Path, at_step: int, recipe: str | _recipes.Recipe
                 return found
         st.prepare(key, fresh=True)
 
-    p_prog, c_prog = program_for(pc), program_for(child)
-    state, _ = sink.restore(at_step, ckpt.template(p_prog, dynamic_for(pc)))
-    fresh, teacher = runner.init_state(child)
-    reset = []
-    if jax.tree.structure(fresh.opt_state) != jax.tree.structure(state.opt_state):
-        state = state._replace(opt_state=c_prog.tx.init(state.params))
-        reset.append("opt_state")
-    if c_prog.paired and (not p_prog.paired or state.ref_params is None):  # off, or replayed without it
-        state = state._replace(ref_params=state.params, ref_opt=c_prog.tx.init(state.params))
-        reset.append("paired_run")
-    elif c_prog.paired and jax.tree.structure(fresh.ref_opt) != jax.tree.structure(state.ref_opt):
-        state = state._replace(ref_opt=c_prog.tx.init(state.ref_params))
-    elif not c_prog.paired:
-        state = state._replace(ref_params=None, ref_opt=None)
-    if (c_prog.selector is None) != (state.ctrl is None):
-        state = state._replace(ctrl=fresh.ctrl)
+    state, _ = sink.restore(at_step, ckpt.template(program_for(pc), dynamic_for(pc)))
+    state, teacher, reset = continue_state(state, pc, child)
     history = parent.metrics[parent.metrics["step"] < at_step].reset_index(drop=True)
     info = {"key": key, "parent": parent_key, "parent_path": parent.path,
             "intervention": {"at_step": at_step, "recipe": recipe_json.to_json(new_recipe), "apply": applied,

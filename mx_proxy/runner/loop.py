@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import shutil
 import time
 import warnings
 from typing import Callable
@@ -267,7 +266,7 @@ def _prepare_member(config: Config, st: "_store.Store | None", key: str, force: 
             state, past = sink.restore(step, ckpt.template(program_for(config), dynamic_for(config)))
         except ckpt.CheckpointError as e:
             warnings.warn(f"{e}; dropped, resuming from an earlier one", _store.StoreWarning, stacklevel=3)
-            shutil.rmtree(sink.directory / f"step_{step:09d}", ignore_errors=True)
+            ckpt.drop(sink.directory, step)
             continue
         frames = [past] if past is not None and len(past) else []
         info["resumed_from"] = start = step

@@ -40,7 +40,7 @@ import pandas as pd
 from mx_proxy.store.files import fsync_dir, owner_gone, tmp_name
 from mx_proxy.training.engine import Program, TrainState
 
-__all__ = ["save", "restore", "steps", "step_dir", "template", "clean", "CheckpointSink", "CheckpointError", "CheckpointWarning"]
+__all__ = ["save", "restore", "drop", "steps", "step_dir", "template", "clean", "CheckpointSink", "CheckpointError", "CheckpointWarning"]
 
 
 class CheckpointError(ValueError):
@@ -146,6 +146,11 @@ def save(directory, step: int, state: TrainState, metrics: pd.DataFrame | None =
     return final
 
 
+def drop(directory, step: int) -> None:
+    """Delete the checkpoint at ``step`` (a damaged one, or one no longer needed)."""
+    shutil.rmtree(step_dir(directory, step), ignore_errors=True)
+
+
 def steps(directory) -> list[int]:
     """The steps with a complete checkpoint under ``directory`` (sorted)."""
     directory = Path(directory)
@@ -204,15 +209,26 @@ def restore(directory, step: int, target: TrainState) -> tuple[TrainState, pd.Da
 class CheckpointSink:
     """Where a run's checkpoints go: a folder (orbax) or a dict (memory)."""
 
-    def __init__(self, directory=None, memory: dict | None = None):
+    def __init__(self, directory=None, memory: dict | None = None, keep_last: int | None = None):
+        """``keep_last``: keep only that many newest checkpoints (those a
+        resume needs), deleting older ones after each save; ``None`` keeps all."""
         self.directory = Path(directory) if directory is not None else None
         self.memory = memory if memory is not None else {}
+        if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
+            raise ValueError(f"keep_last must be a positive integer or None, got {keep_last!r}")
+        self.keep_last = keep_last
 
     def save(self, step: int, state: TrainState, metrics: pd.DataFrame | None, meta: dict | None = None):
         if self.directory is not None:
             save(self.directory, step, state, metrics, meta)
         else:
             self.memory[int(step)] = (jax.device_get(state), None if metrics is None else metrics.copy())
+        if self.keep_last is not None:
+            for old in self.steps()[:-self.keep_last]:
+                if self.directory is not None:
+                    drop(self.directory, old)
+                else:
+                    del self.memory[old]
 
     def steps(self) -> list[int]:
         return steps(self.directory) if self.directory is not None else sorted(self.memory)

@@ -80,13 +80,17 @@ class SaveError(OSError):
         return self.args[0]
 
 
-def entry_key(config: Config, parent: str | None = None, at_step: int | None = None) -> str:
+def entry_key(config: Config, parent: str | None = None, at_step: int | None = None,
+              perturbation: dict | None = None) -> str:
     """The store key of a run: its config hash, or for an intervention a hash
-    of (config, parent key, step)."""
+    of (config, parent key, step), and for an ensemble's branch member also
+    of its ``perturbation`` (seed and ε)."""
     if parent is None:
         return config.hash()
-    blob = json.dumps({"config": config.to_dict(), "parent": parent, "at_step": int(at_step)}, sort_keys=True,
-                      default=str)
+    what = {"config": config.to_dict(), "parent": parent, "at_step": int(at_step)}
+    if perturbation is not None:
+        what["perturbation"] = perturbation
+    blob = json.dumps(what, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -307,7 +311,7 @@ class Store:
 def _expected_key(run: Run) -> str:
     iv = run.info.get("intervention") or {}
     if run.info.get("parent"):
-        return entry_key(run.config, run.info.get("parent"), iv.get("at_step"))
+        return entry_key(run.config, run.info.get("parent"), iv.get("at_step"), run.info.get("perturbation"))
     return run.config.hash()
 
 

@@ -20,9 +20,11 @@ BASH = TOUR.split("```bash\n", 1)[1].split("```", 1)[0]
 
 # the tour's sizes and steps → a small size (whole words only, so every other value stays as written)
 SMALL_PY = [(r"\bwidth=128\b", "width=16"), (r"\bdepth=4\b", "depth=2"),
-            (r"\bsteps=3000\b", "steps=40, batch=32, val_every=20"), (r"\b1500\b", "20")]
+            (r"\bsteps=3000\b", "steps=40, batch=32, val_every=20"), (r"\b1500\b", "20"),
+            (r"\bmembers=8\b", "members=2, progress=False"), (r"\bhorizon=1000\b", "horizon=10")]
 SMALL_CLI = [(r"--width 128\b", "--width 16 --depth 2 --batch 32 --val-every 20"), (r"--steps 3000\b", "--steps 40"),
-             (r"\b1500\b", "20")]
+             (r"\b1500\b", "20"), (r"--members 8\b", "--members 2"), (r"--horizon 3000\b", "--horizon 20"),
+             (r"/tmp/ens\b", "ens")]
 
 
 def _shrink(text, rules):
@@ -43,11 +45,13 @@ def test_python_tour_runs_as_written(tmp_path, monkeypatch):
     code = _shrink(PYTHON, SMALL_PY).replace("mxp.train(cfg,", "mxp.train(cfg, progress=False,")
     scope = {}
     exec(compile(code, "README.md (tour)", "exec"), scope)  # noqa: S102 -- the README's own code
-    run, sw, child = scope["run"], scope["sw"], scope["child"]
+    run, sw, child, ens = scope["run"], scope["sw"], scope["child"], scope["ens"]
     assert run.config.paired_run and run.config.width == 16 and (tmp_path / "runs" / run.config.hash()).is_dir()
     assert {"ref_loss", "zeta_paper", "ln_clamp_frac"} <= set(run.metrics.columns)
     assert len(sw) == 6
     assert child.info["intervention"]["at_step"] == 20 and child.info["parent"] == run.config.hash()
+    assert (ens.rates()["members"] == 2).all() and list(ens.rates()["arm"]) == ["unchanged", "twin", "rceil"]
+    assert (tmp_path / "ens" / "results" / "ensemble.json").exists()
 
 
 def _commands():
@@ -59,7 +63,7 @@ def _commands():
 
 def test_command_line_tour_runs_as_written(tmp_path):
     commands = list(_commands())
-    assert [c[0] for c in commands] == ["train", "intervene", "sweep", "campaign", "bench"]
+    assert [c[0] for c in commands] == ["train", "intervene", "sweep", "campaign", "ensemble"]
     key = None
     for argv in commands:
         if argv[0] == "campaign":  # hours at its scale: its flags and values must parse (test_campaign runs one)
@@ -70,9 +74,7 @@ def test_command_line_tour_runs_as_written(tmp_path):
             argv = [a.replace("runs/<key>", key) for a in argv]
         if argv[0] == "sweep":
             argv += ["--width", "16", "--depth", "2", "--batch", "32", "--steps", "40", "--val-every", "20"]
-        if argv[0] == "bench":
-            argv += ["--size", "64", "--repeats", "1"]
-        if argv[0] in ("train", "sweep", "intervene"):
+        if argv[0] in ("train", "sweep", "intervene", "ensemble"):
             argv += ["--quiet"]
         done = subprocess.run([sys.executable, "-m", "mx_proxy.cli", *argv], cwd=tmp_path, capture_output=True,
                               text=True, timeout=900)

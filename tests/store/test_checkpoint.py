@@ -45,6 +45,18 @@ def test_checkpoint_roundtrip(tmp_path):
         C.restore(tmp_path, 30, C.template(prog, dyn))
 
 
+def test_sink_keeps_only_the_newest_checkpoints_it_is_asked_to(tmp_path):
+    state, _ = program_for(BASE).init(dynamic_for(BASE))
+    disk, memory = C.CheckpointSink(tmp_path, keep_last=2), C.CheckpointSink(memory={}, keep_last=2)
+    for step in (10, 20, 30):
+        disk.save(step, state, None)
+        memory.save(step, state, None)
+    assert disk.steps() == memory.steps() == [20, 30]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000000020", "step_000000030"]
+    with pytest.raises(ValueError, match="keep_last must be a positive integer or None, got 0"):
+        C.CheckpointSink(tmp_path, keep_last=0)
+
+
 def test_resume_reproduces_uninterrupted_run(parent, tmp_path):
     plain = mxp.train(BASE, store=False, progress=False)
     assert_same(parent, plain)  # checkpointing changes nothing

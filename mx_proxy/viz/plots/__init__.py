@@ -3,7 +3,8 @@
 Colours are fixed per recipe (:func:`color`) so every figure reads alike.
 The figures sit by subject: the number formats (:mod:`.formats`), loss
 curves (:mod:`.training`), gradient bias and its mechanism
-(:mod:`.gradients`), seed 003's systems (:mod:`.beyond`).
+(:mod:`.gradients`), seed 003's systems (:mod:`.beyond`), ensembles' rates
+and survival (:mod:`.ensemble`).
 
 This package never chooses a matplotlib backend: in Jupyter the kernel's
 inline backend shows each figure; headless entry points (the ``mx-proxy``
@@ -13,6 +14,7 @@ command, the tests) select Agg themselves.
 import matplotlib.pyplot as plt
 
 from mx_proxy.viz.plots.beyond import beyond
+from mx_proxy.viz.plots.ensemble import blowup_rates, survival
 from mx_proxy.viz.plots.formats import ln_collapse, sawtooth
 from mx_proxy.viz.plots.gradients import (gradient_bias, interventions, ln_clamping, ln_gains, mitigations,
                                           paper_metric, reference_name)
@@ -22,4 +24,4 @@ from mx_proxy.viz.plots.training import (ablations, init_ablation, loss_grid, lr
 
 __all__ = ["plt", "color", "NORM_LABELS", "sawtooth", "ln_collapse", "loss_grid", "lr_sweep", "lr_summary", "ablations",
            "gradient_bias", "paper_metric", "ln_clamping", "ln_gains", "mitigations", "interventions", "spikes_vs_shape",
-           "sgd_momentum", "init_ablation", "beyond", "reference_name"]
+           "sgd_momentum", "init_ablation", "beyond", "reference_name", "survival", "blowup_rates"]

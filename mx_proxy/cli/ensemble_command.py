@@ -1,0 +1,137 @@
+"""``mx-proxy ensemble``: train, resume or inspect an ensemble (:mod:`mx_proxy.experiments.ensemble`).
+
+    mx-proxy ensemble --out DIR --kind branch --branch-from RUN_OR_STATE --branch-at 6000 \\
+        --arms unchanged twin fp32 rceil --members 8 --horizon 1000 --diagnostics-every 5
+    mx-proxy ensemble --out DIR --kind seed --arms fp32 paper_e4m3 --members 8 --horizon 7000 --width 256 ...
+    mx-proxy ensemble --out DIR              # resume the ensemble saved in DIR
+    mx-proxy ensemble --out DIR --status     # members done / left, hours left at the measured speed
+
+Every Config field is an option for the ``seed`` and ``data`` kinds (the
+members' base config); a branch ensemble takes its config from the branch
+state. The spec is saved in ``DIR/results/ensemble.json``; rerunning with the
+same folder resumes it (other settings are refused, naming what differs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from mx_proxy.cli.config_options import add_config_options, config_changes
+from mx_proxy.cli.help import cli_message
+from mx_proxy.experiments import ensemble as _ens
+from mx_proxy.experiments import branch, ensemble_report, ensemble_result, ensemble_status
+from mx_proxy.viz import plots
+from mx_proxy.training.config import Config
+
+__all__ = ["add_ensemble_command"]
+
+
+def _spec(args) -> _ens.Ensemble | None:
+    """The spec the options ask for, or ``None`` when they ask for none (resume the saved one)."""
+    given = [a for a in ("kind", "arms", "members", "horizon") if getattr(args, a) is not None]
+    if not given:
+        if config_changes(args):
+            args.parser.error("config options need --kind seed or data (and --arms, --members, --horizon)")
+        return None
+    missing = [f"--{a}" for a in ("kind", "arms", "members", "horizon") if getattr(args, a) is None]
+    if missing:
+        args.parser.error(f"a new ensemble needs {', '.join(missing)} too (or none of them, to resume the one in "
+                          f"--out)")
+    name = args.name or Path(args.out).expanduser().resolve().name
+    extra = dict(first_seed=args.first_seed, diagnostics_every=args.ens_diagnostics_every,
+                 checkpoint_every=args.ens_checkpoint_every)
+    if args.kind == "branch":
+        if args.branch_at is None or (args.branch_from is None and not _has_branch(args.out)):
+            args.parser.error("--kind branch needs --branch-at and --branch-from (a stored run's folder or a branch "
+                              "state's folder)")
+        if config_changes(args):
+            args.parser.error(f"a branch ensemble takes its config from the branch state; drop "
+                              f"{', '.join('--' + k.replace('_', '-') for k in config_changes(args))}")
+        bdir = Path(args.out).expanduser() / "branch"
+        if not branch.exists(bdir):
+            branch.write(args.branch_from, args.branch_at, bdir, reference=args.reference)
+        base = branch.read(bdir).config
+        return _ens.Ensemble(name, "branch", base, tuple(args.arms), args.members, args.horizon,
+                             branch_at=args.branch_at, epsilon=args.epsilon, **extra)
+    if args.branch_from or args.branch_at is not None or args.epsilon:
+        args.parser.error(f"--branch-from, --branch-at and --epsilon belong to --kind branch, not {args.kind}")
+    base = Config().replace(**config_changes(args))
+    return _ens.Ensemble(name, args.kind, base, tuple(args.arms), args.members, args.horizon, **extra)
+
+
+def _has_branch(out) -> bool:
+    return branch.exists(Path(out).expanduser() / "branch")
+
+
+def _status(args) -> int:
+    table = ensemble_status.status(args.out)
+    with pd.option_context("display.width", 200, "display.max_columns", None, "display.float_format", "{:.4g}".format):
+        print(table.to_string(index=False))
+    left = table["member_steps_left"].sum()
+    print(f"{int(table['done'].sum())} members done, {int((table['members'] - table['done']).sum())} left; "
+          f"{left} member-steps left, {table['hours_left'].sum():.1f} h at the measured speed in one process")
+    return 0
+
+
+def _run(args) -> int:
+    out = Path(args.out).expanduser()
+    try:
+        if args.status:
+            return _status(args)
+        spec = _spec(args) or _ens.read_spec(out)
+        _ens.run(spec, out, jobs=args.jobs, group_size=args.group_size, progress=not args.quiet)
+        result = ensemble_result.load(out / "results")
+        print(ensemble_report.for_folder(out / "results"), end="")
+        if args.figures:
+            Path(args.figures).mkdir(parents=True, exist_ok=True)
+            for name, fn in (("survival", plots.survival), ("blowup_rates", plots.blowup_rates)):
+                path = Path(args.figures) / f"{spec.name}_{name}.png"
+                fn(result).savefig(path, dpi=130)
+                print(f"figure: {path}")
+    except (ValueError, TypeError, OSError) as err:
+        args.parser.error(cli_message(str(err)))
+    except KeyboardInterrupt:
+        print(f"mx-proxy ensemble: interrupted; finished members are exported to {out / 'results'} and the others "
+              f"resume from their checkpoints when you rerun the command", file=sys.stderr)
+        return 130
+    return 0
+
+
+def add_ensemble_command(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("ensemble", help="N members per arm differing in one recorded perturbation: rates, not one "
+                                        "trajectory", description=__doc__)
+    p.add_argument("--out", required=True, help="the ensemble's folder (OUT/runs, OUT/branch, OUT/results)")
+    p.add_argument("--name", help="its label (default: the folder's name)")
+    p.add_argument("--kind", choices=_ens.KINDS, help="what members differ in: seed (init and data), data (data "
+                                                      "only), branch (data after one stored state)")
+    p.add_argument("--arms", nargs="+", metavar="ARM", choices=_ens.arm_names(),
+                   help=f"the first is the control; valid: {', '.join(_ens.arm_names())}")
+    p.add_argument("--members", type=int, metavar="N", help="members per arm")
+    p.add_argument("--horizon", type=int, metavar="STEPS", help="steps each member trains (after the branch)")
+    p.add_argument("--branch-from", metavar="PATH", help="a stored run's folder, or a branch state's folder")
+    p.add_argument("--branch-at", type=int, metavar="STEP", help="the step to branch at")
+    p.add_argument("--reference", metavar="DIR",
+                   help="an exported run (e.g. results/paper/<label>) whose losses the branch state's history is "
+                        "compared with, bit for bit (recorded with the state)")
+    p.add_argument("--epsilon", type=float, default=0.0, help="relative parameter perturbation at the branch "
+                                                              "(default 0)")
+    p.add_argument("--first-seed", type=int, default=1, help="member i's perturbation seed is this + i (default 1)")
+    p.add_argument("--diagnostics-every", dest="ens_diagnostics_every", type=int, metavar="N",
+                   help="diagnostics every N steps in the members (default: the base config's)")
+    p.add_argument("--checkpoint-every", dest="ens_checkpoint_every", type=int, default=100, metavar="N",
+                   help="steps between the members' checkpoints (default 100)")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes, one unit (an arm's group of members) each "
+                                                       "(default 1)")
+    p.add_argument("--group-size", type=int, metavar="N",
+                   help="members per unit (default: a whole arm); smaller units export sooner and balance partial "
+                        "results across arms (members 0…N−1 of every arm first)")
+    p.add_argument("--status", action="store_true", help="train nothing: where each arm stands")
+    p.add_argument("--figures", metavar="DIR", help="also draw the survival and blow-up-rate figures into DIR")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_config_options(p, [f for f in Config.field_names() if f not in ("diagnostics_every", "checkpoint_every")])
+    p.set_defaults(func=_run, parser=p)
+    return p

@@ -1,0 +1,295 @@
+"""Ensembles: N members of one configuration that differ in one named, recorded perturbation.
+
+An instability the paper calls stochastic is a rate; one trajectory is one
+draw. An :class:`Ensemble` trains, per *arm* (a recipe or an intervention),
+``members`` runs that differ only in:
+
+- ``seed``: the student's init and its data stream (``seed = data_seed = s_i``);
+- ``data``: the data stream only (``data_seed = s_i``, same init);
+- ``branch``: replicas continued from one stored state at step ``branch_at``
+  (:mod:`mx_proxy.experiments.branch`), each on its own data stream after it
+  (``data_seed = s_i``; the batch of step t is a pure function of the data
+  seed and t), optionally with its parameters scaled by ``1 + ε·z``, z ~ N(0, 1)
+  drawn from ``s_i`` (the same z for every arm).
+
+with ``s_i = first_seed + i``: member i of every arm sees the same
+perturbation, so arms are paired. An arm is ``unchanged`` (the base recipe),
+a mitigation of it (:data:`mx_proxy.numerics.recipe.MITIGATIONS`, e.g.
+``fp32``, ``rceil``, ``paper_bump``) or a recipe preset (``mxfp8_e4m3``).
+In a branch ensemble whose state holds the paired FP32 run, the arm ``twin``
+is that run branched with the same perturbations: it trains beside the
+``unchanged`` arm as its paired run (one program; the paper's ζ against it
+is recorded every step), and is exported as an arm of its own.
+
+The members of an arm share one compiled program (they differ only in seeds,
+dynamic fields) and train as groups of the runner's member axis: the units
+(:func:`units`: an arm and up to ``group_size`` of its members) that
+:func:`run` trains in turn, or a local pool of ``jobs`` worker processes
+does. Folder ``OUT``:
+
+- ``OUT/runs/``: the run store (members train there, checkpointing every
+  ``checkpoint_every`` steps, the newest two kept, so an interrupted ensemble
+  resumes across sessions under the same code);
+- ``OUT/branch/``: the branch state (branch ensembles);
+- ``OUT/results/``: ``ensemble.json`` (the spec) and one exported folder per
+  member, ``<arm>-m<i>/`` (``metrics.parquet`` from ``branch_at − 100`` on
+  for branch members, so the blow-up rule sees its window; ``config.json``,
+  ``run.json``), written as each unit finishes, ``index.csv`` and, for a
+  branch ensemble, ``branch_history.parquet`` (the state's loss and gradient
+  norms before the branch). This
+  folder is what :mod:`mx_proxy.experiments.ensemble_result` and ``mx-proxy
+  report`` read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import time
+import warnings
+from pathlib import Path
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from mx_proxy.experiments import branch as _branch
+from mx_proxy.experiments import campaign
+from mx_proxy.experiments.ensemble_spec import (CONTROL, HISTORY, HISTORY_FILE, KINDS, SPEC_FILE, TWIN, Ensemble,
+                                                arm_names, default_out, member_key, member_label, positive_int, read_spec,
+                                                write_spec)
+from mx_proxy.runner import interventions, loop as runner
+from mx_proxy.store import checkpoint as ckpt
+from mx_proxy.store import files
+from mx_proxy.store import run_store as _store
+from mx_proxy.training import memory as _memory
+from mx_proxy.training.config import Config
+from mx_proxy.training.engine import dynamic_for, program_for
+from mx_proxy.training.result import Run
+
+# the spec's names are re-exported: mx_proxy.experiments.ensemble is the experiment's one entry point
+__all__ = ["Ensemble", "KINDS", "CONTROL", "TWIN", "HISTORY", "SPEC_FILE", "HISTORY_FILE", "arm_names",
+           "member_label", "member_key", "read_spec", "default_out", "units", "train_unit", "train_arm", "run",
+           "export", "prepare", "prepare_branch", "read_branch"]
+
+KEEP_CHECKPOINTS = 2  # a group interrupted while saving resumes from the newest step every member holds
+
+
+# --------------------------------------------------------------------------- members
+
+
+def _info(spec: Ensemble, arm: str, i: int, key: str, parent: str | None) -> dict:
+    info = {"key": key, "ensemble": {"name": spec.name, "kind": spec.kind, "arm": arm, "member": i,
+                                     **spec.perturbation(i)}}
+    if spec.kind == "branch":
+        info.update(parent=parent, intervention={"at_step": spec.branch_at, "apply": [arm]},
+                    perturbation=spec.perturbation(i))
+    return info
+
+
+def _resume(config: Config, sink: ckpt.CheckpointSink, at: int) -> tuple | None:
+    """(state, metrics, step, wall) of the newest checkpoint at or before
+    ``at`` this member's own config wrote; damaged ones are dropped."""
+    for step in reversed([s for s in sink.steps() if s <= at and sink.meta(s).get("config_hash") == config.hash()]):
+        try:
+            state, past = sink.restore(step, ckpt.template(program_for(config), dynamic_for(config)))
+        except ckpt.CheckpointError as e:
+            warnings.warn(f"{e}; dropped, resuming from an earlier one", _store.StoreWarning, stacklevel=3)
+            ckpt.drop(sink.directory, step)
+            continue
+        return state, past, step, float(sink.meta(step).get("wall_time_s", 0.0))
+    return None
+
+
+def _member(spec: Ensemble, arm: str, i: int, st: _store.Store, key: str, branch: "_branch.Branch | None",
+            at: int) -> runner.Member:
+    """Member ``i`` of ``arm``, resumed from its newest checkpoint at or before
+    ``at`` if it has one, else at its start (the branch state, perturbed)."""
+    config = spec.config(arm, i)
+    st.prepare(key, fresh=False)
+    sink = ckpt.CheckpointSink(st.checkpoint_dir(key), keep_last=KEEP_CHECKPOINTS)
+    info = _info(spec, arm, i, key, branch.key if branch else None)
+    found = _resume(config, sink, at)
+    if found is not None:
+        state, past, step, wall = found
+        _, teacher = runner.init_state(config)
+        info["resumed_from"] = step
+        return runner.Member(config, state, teacher, sink, step, [past] if past is not None and len(past) else [],
+                             info, wall)
+    if branch is None:
+        state, teacher = runner.init_state(config)
+        return runner.Member(config, state, teacher, sink, 0, [], info)
+    state = _branch.perturb(branch.state, spec.epsilon, spec.seeds()[i])
+    state, teacher, reset = interventions.continue_state(state, branch.config, config)
+    info["intervention"]["reset"] = reset
+    return runner.Member(config, state, teacher, sink, spec.branch_at, [branch.metrics], info)
+
+
+def _check_unit(spec: Ensemble, arm: str, members) -> list[int]:
+    if arm not in spec.trained_arms():
+        raise ValueError(f"arm {arm!r} does not train in ensemble {spec.name!r}; its arms: "
+                         f"{', '.join(spec.trained_arms())}")
+    members = list(range(spec.members)) if members is None else [int(i) for i in members]
+    bad = [i for i in members if not 0 <= i < spec.members]
+    if bad or len(set(members)) != len(members):
+        raise ValueError(f"members {members} of arm {arm!r}: each once, in 0…{spec.members - 1}")
+    return members
+
+
+def train_unit(out, arm: str, members=None, *, progress: bool = True, bar=None) -> dict[int, Run]:
+    """Train (or load, or resume) ``members`` (default: all) of ``arm`` of the
+    ensemble in ``out`` into ``out/runs`` as one program, export each, and
+    return ``{i: run}``. The unit of work: a worker process (or a scheduler's
+    task) calls it with the folder, the arm and the member indices; on CPU a
+    member's numbers do not depend on which members share its program."""
+    out = Path(out)
+    spec = read_spec(out)
+    members = _check_unit(spec, arm, members)
+    branch = _branch.read(out / "branch") if spec.kind == "branch" else None
+    st = _store.Store(out / "runs")
+    st.check_writable()
+    st.clean()
+    parent = branch.key if branch else None
+    keys = {i: member_key(spec, arm, i, parent) for i in members}
+    done = {i: r for i in members if (r := st.load(keys[i])) is not None}
+    todo = [i for i in members if i not in done]
+    if bar is not None:
+        bar.update(len(done) * spec.horizon)
+    if todo:
+        group = [_member(spec, arm, i, st, keys[i], branch, spec.end) for i in todo]
+        if len({m.start for m in group}) > 1:  # interrupted while saving: from the newest step all of them hold
+            at = min(m.start for m in group)
+            group = [_member(spec, arm, i, st, keys[i], branch, at) for i in todo]
+        _memory.check(group[0].config, members=len(group))
+        own_bar = bar is None
+        bar = bar or tqdm(total=len(todo) * spec.horizon, disable=not progress, unit="member-step",
+                          desc=f"{spec.name}: {arm} ×{len(todo)}", leave=False)
+        bar.update(sum(m.start - spec.start for m in group))
+        try:
+            runs = runner.run_members(group, group[0].start, bar=bar)
+        finally:
+            if own_bar:
+                bar.close()
+        for i, r in zip(todo, runs):
+            runner.notify(r.config)
+            done[i] = st.save(r, keys[i])
+    export(spec, arm, {i: done[i] for i in members}, out / "results")
+    return {i: done[i] for i in members}
+
+
+def train_arm(out, arm: str, *, progress: bool = True, bar=None) -> list[Run]:
+    """Every member of ``arm`` (:func:`train_unit`), in member order."""
+    runs = train_unit(out, arm, None, progress=progress, bar=bar)
+    return [runs[i] for i in sorted(runs)]
+
+
+# --------------------------------------------------------------------------- export
+
+
+def _twin_run(spec: Ensemble, r: Run, i: int) -> Run:
+    """The paired FP32 run of an ``unchanged`` member, as a member of the ``twin`` arm."""
+    m = r.metrics
+    cols = {"step": m["step"], "loss": m["ref_loss"], "lr": m["lr"], "grad_norm": m["ref_grad_norm"]}
+    metrics = pd.DataFrame(cols).dropna(subset=["loss"]).reset_index(drop=True)
+    cfg = spec.config(CONTROL, i).replace(recipe=spec.base.reference_recipe, paired_run=False)
+    info = dict(r.info, ensemble=dict(r.info["ensemble"], arm=TWIN), trained_with=r.info.get("key"),
+                stopped_with_pair=r.diverged_at)
+    return Run(cfg, metrics, None, None, r.wall_time_s, info)  # an engine stop of its pair censors it there
+
+
+def export(spec: Ensemble, arm: str, runs: dict[int, Run], results) -> None:
+    """Export members ``{i: run}`` of ``arm`` (and of ``twin`` beside
+    ``unchanged``) to ``results/<arm>-m<i>/`` and rewrite ``results/index.csv``."""
+    results = Path(results)
+    arms = [(arm, runs)] + ([(TWIN, {i: _twin_run(spec, r, i) for i, r in runs.items()})]
+                            if arm == CONTROL and TWIN in spec.arms else [])
+    for name, rs in arms:
+        for i, r in rs.items():
+            m = r.metrics
+            if spec.kind == "branch":
+                m = m[m["step"] >= spec.branch_at - HISTORY].reset_index(drop=True)
+            view = dataclasses.replace(r, metrics=m, info=dict(r.info, history_from=int(m["step"].iloc[0])))
+            campaign.export(view, member_label(name, i), "ensemble", results)
+    index = campaign.results_index(results)
+    files.atomic_write(results / "index.csv", lambda p: index.to_csv(p, index=False))
+
+
+# --------------------------------------------------------------------------- the whole ensemble
+
+
+def units(spec: Ensemble, group_size: int | None = None) -> list[tuple[str, tuple[int, ...]]]:
+    """The units of work: ``(arm, member indices)``, at most ``group_size``
+    members each (default: a whole arm), ordered member chunk first, so that
+    every arm has its first members before any has its last (partial results
+    are balanced across arms)."""
+    size = spec.members if group_size is None else positive_int("group_size", group_size)
+    chunks = [tuple(range(i, min(i + size, spec.members))) for i in range(0, spec.members, size)]
+    return [(arm, chunk) for chunk in chunks for arm in spec.trained_arms()]
+
+
+def _unit_worker(out: str, arm: str, members: tuple[int, ...]) -> None:
+    train_unit(out, arm, members, progress=False)
+
+
+def prepare_branch(source, step: int, out) -> Path:
+    """The branch state of ``out`` (``out/branch``), written from ``source`` at ``step`` unless there is one."""
+    bdir = Path(out).expanduser() / "branch"
+    if not _branch.exists(bdir):
+        _branch.write(source, step, bdir)
+    return bdir
+
+
+def read_branch(out) -> "_branch.Branch":
+    """The branch state of the ensemble folder ``out``."""
+    return _branch.read(Path(out).expanduser() / "branch")
+
+
+def prepare(spec: Ensemble, out, source=None) -> Path:
+    """Write ``spec`` (and, for a branch ensemble, the branch state from
+    ``source``: a run, a stored run's folder or a branch-state folder) into
+    ``out``; an existing folder must hold the same spec."""
+    out = Path(out).expanduser()
+    write_spec(spec, out / "results")
+    if spec.kind == "branch":
+        bdir = out / "branch"
+        if not _branch.exists(bdir) and source is None:
+            raise ValueError(f"a branch ensemble needs a source (a run or a branch state) for its state at step "
+                             f"{spec.branch_at}; {bdir} has none")
+        prepare_branch(source, spec.branch_at, out)
+        b = _branch.read(bdir)
+        if b.step != spec.branch_at or b.config != spec.base:
+            raise ValueError(f"the branch state in {bdir} (step {b.step}, config {b.config.hash()}) is not the "
+                             f"ensemble's (step {spec.branch_at}, config {spec.base.hash()})")
+        hist = out / "results" / HISTORY_FILE
+        if not hist.exists():
+            cols = ["step", "loss"] + [c for c in b.metrics if c == "ref_loss" or c.startswith("grad_norm/block_")]
+            files.atomic_write(hist, lambda p: b.metrics[cols].to_parquet(p, index=False))
+    return out
+
+
+def run(spec: Ensemble, out, *, source=None, jobs: int = 1, group_size: int | None = None, progress: bool = True,
+        log=print) -> dict[str, list[Run]]:
+    """Train (resume, or load) every member of ``spec`` in ``out`` (see the
+    module docstring), unit by unit (:func:`units`); ``jobs`` worker
+    processes train one unit each at a time (1: in this process). Returns
+    ``{arm: [member runs]}`` of the trained arms."""
+    jobs = positive_int("jobs", jobs)
+    out = prepare(spec, out, source)
+    plan = units(spec, group_size)
+    t0 = time.time()
+    done: dict[str, dict[int, Run]] = {a: {} for a in spec.trained_arms()}
+    if jobs == 1 or len(plan) == 1:
+        with tqdm(total=spec.members * len(spec.trained_arms()) * spec.horizon, disable=not progress,
+                  unit="member-step", desc=spec.name) as bar:
+            for arm, members in plan:
+                done[arm].update(train_unit(out, arm, members, progress=progress, bar=bar))
+                log(f"  {spec.name}: {arm} members {members[0]}–{members[-1]} done ({time.time() - t0:.0f} s)")
+    else:
+        with mp.get_context("spawn").Pool(min(jobs, len(plan))) as pool:
+            pending = [(arm, members, pool.apply_async(_unit_worker, (str(out), arm, members)))
+                       for arm, members in plan]
+            for arm, members, res in pending:
+                res.get()
+                log(f"  {spec.name}: {arm} members {members[0]}–{members[-1]} done ({time.time() - t0:.0f} s)")
+        for arm, members in plan:
+            done[arm].update(train_unit(out, arm, members, progress=False))
+    return {a: [runs[i] for i in sorted(runs)] for a, runs in done.items()}

@@ -1,0 +1,117 @@
+"""An ensemble's results folder written out as Markdown: the rates, the paired tests, the loss gaps, the signals.
+
+Every number comes from :mod:`mx_proxy.experiments.ensemble_result` and
+:mod:`mx_proxy.experiments.signals` on the exported members; ``mx-proxy
+report <folder>`` prints it, and a README block naming an ensemble folder is
+regenerated from it like a campaign's (:mod:`mx_proxy.experiments.report`).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from mx_proxy.experiments import ensemble_result, signals
+from mx_proxy.experiments.ensemble import HISTORY, HISTORY_FILE, TWIN
+
+__all__ = ["markdown", "for_folder", "is_ensemble"]
+
+
+def is_ensemble(folder) -> bool:
+    return (Path(folder) / "ensemble.json").exists() or (Path(folder) / "results" / "ensemble.json").exists()
+
+
+def _p(v: float) -> str:
+    if v is None or not math.isfinite(v):
+        return "–"
+    return f"{v:.2g}" if v < 0.01 else f"{v:.2f}"
+
+
+def _frac(v: float) -> str:
+    return "–" if v is None or not math.isfinite(v) else f"{v:.2f}"
+
+
+def _pct(v: float) -> str:
+    return "–" if v is None or not math.isfinite(v) else f"{v:+.2f} %".replace("-", "−")
+
+
+def _arm(result, arm: str) -> str:
+    s = result.spec
+    if arm == TWIN:
+        return f"`twin` (the FP32 run trained beside `{s.base.recipe.name}` from step 0)"
+    if arm == "unchanged":
+        return f"`unchanged` (`{s.base.recipe.name}`)"
+    return f"`{arm}`"
+
+
+def _header(result, source: str | None) -> list[str]:
+    s, c = result.spec, result.spec.base
+    n_done = int(result.table.groupby("arm").size().min()) if len(result.table) else 0
+    what = {"seed": "each member its own student init and data (seed = data seed = s_i)",
+            "data": "each member its own data stream (data seed = s_i), one init",
+            "branch": f"each member continued from one state at step {s.branch_at} on its own data stream "
+                      f"(data seed s_i)" + (f", its parameters scaled by 1 + ε·z, ε = {s.epsilon:g}" if s.epsilon
+                                            else "")}[s.kind]
+    return [f"Ensemble `{s.name}`: {c.recipe.name} at width {c.width}, depth {c.depth}, batch {c.batch}, "
+            f"{c.optimizer.capitalize()} LR {c.lr:g}; {what}; s_i = {s.first_seed}…{s.first_seed + s.members - 1}, "
+            f"the same for every arm; {s.members} members per arm"
+            + (f" ({n_done} exported so far in the least advanced arm)" if n_done < s.members else "")
+            + f", each trained {s.horizon} steps" + (f" ({source})" if source else "") + ".", "",
+            f"Blow-up: the engine's divergence, else the first step whose loss exceeds 10× its minimum over the "
+            f"previous {HISTORY} steps; a member without one is censored at its last step.", ""]
+
+
+def markdown(result, source: str | None = None, history: pd.DataFrame | None = None) -> str:
+    """The report of an :class:`~mx_proxy.experiments.ensemble_result.EnsembleResult` (see the module docstring)."""
+    s = result.spec
+    lines = _header(result, source)
+    lines += [f"| arm | blew up | P(blow-up), 95 % interval | survival at step +{s.horizon} (band) "
+              f"| median steps to blow-up |", "|---|---|---|---|---|"]
+    for r in result.rates().itertuples():
+        med = "–" if pd.isna(r.median_time) else str(int(r.median_time))
+        lines.append(f"| {_arm(result, r.arm)} | {r.blowups} / {r.members} | {_frac(r.p)} [{_frac(r.low)}, "
+                     f"{_frac(r.high)}] | {_frac(r.survival)} [{_frac(r.s_low)}, {_frac(r.s_high)}] | {med} |")
+    tests = result.paired_tests()
+    if len(tests):
+        lines += ["", f"Against `{result.control}`, member by member (same perturbation): McNemar's exact test on "
+                      f"blew up or not, and the log-rank test on the times to blow-up (+: `{result.control}` blows "
+                      f"up sooner):", "",
+                  "| arm | pairs | blew up: only control / only arm / both / neither | McNemar p | log-rank z | "
+                  "log-rank p |", "|---|---|---|---|---|---|"]
+        for t in tests.itertuples():
+            lines.append(f"| {_arm(result, t.arm)} | {t.pairs} | {t.only_control} / {t.only_arm} / {t.both} / "
+                         f"{t.neither} | {_p(t.mcnemar_p)} | {_frac(t.logrank)} | {_p(t.logrank_p)} |")
+    gap = result.loss_gap()
+    if len(gap):
+        ref = result.reference_arm()
+        lines += ["", f"Loss against the `{ref}` member with the same perturbation, over the last "
+                      f"{ensemble_result.TAIL} steps, among the pairs where neither blew up (mean, 95 % bootstrap "
+                      f"interval):", "", "| arm | stable pairs | loss vs FP32 |", "|---|---|---|"]
+        for g in gap.itertuples():
+            lines.append(f"| {_arm(result, g.arm)} | {g.stable_pairs} | {_pct(g.gap_pct)} "
+                         f"[{_pct(g.low)}, {_pct(g.high)}] |")
+    sig = signals.score(result, history)
+    if len(sig):
+        lines += ["", f"Which signal warns first (every {s.diagnostics} steps of every member before its blow-up, "
+                      f"pooled; AUC of predicting a blow-up within the next 100 / 500 steps; warned: the signal "
+                      f"was above its 95th percentile at quiet steps right before the blow-up; lead: median steps "
+                      f"from where it last rose above it, within the 500 steps before, to the blow-up):", "",
+                  "| signal | AUC, 100 steps | AUC, 500 steps | blow-ups warned of | median lead (steps) |",
+                  "|---|---|---|---|---|"]
+        for g in sig.itertuples():
+            lead = "–" if not math.isfinite(g.lead) else f"{g.lead:.0f}"
+            lines.append(f"| {g.label} | {_frac(g.auc_100)} | {_frac(g.auc_500)} | {g.warned} / {g.events} "
+                         f"| {lead} |")
+    return "\n".join(lines) + "\n"
+
+
+def for_folder(folder) -> str:
+    """:func:`markdown` of the ensemble whose results are in ``folder``, naming it."""
+    result = ensemble_result.load(folder)
+    root = Path(folder) if (Path(folder) / "ensemble.json").exists() else Path(folder) / "results"
+    hist = pd.read_parquet(root / HISTORY_FILE) if (root / HISTORY_FILE).exists() else None
+    if not len(result.table):
+        raise ValueError(f"ensemble {result.spec.name!r} in {folder} has no exported member yet")
+    return markdown(result, source=str(folder), history=hist)

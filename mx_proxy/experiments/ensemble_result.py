@@ -1,0 +1,248 @@
+"""An ensemble's results as rates: outcomes per member, P(blow-up), survival, paired tests, loss gaps.
+
+:func:`ensemble` is the notebook's entry point: it trains (or resumes, or
+loads) an ensemble and returns its :class:`EnsembleResult`; :func:`load`
+reads one from its results folder.
+
+One rule decides every member's outcome (:func:`outcomes`): a member *blows
+up* at the first step from its start at which it stops being stable,
+:func:`mx_proxy.experiments.analysis.unstable_after`: the engine's divergence
+(a non-finite loss, or one step ``spike_factor``× the previous), else the
+first step whose loss exceeds 10× its minimum over the previous 100 steps
+(a branch member's window reaches into the state's history: its export keeps
+the 100 steps before the branch). A member without a blow-up is censored at
+its last recorded step (the arm's horizon; a ``twin`` member also where the
+engine stopped its paired ``unchanged`` member). Time to blow-up counts
+steps from the member's start (``branch_at``, or 0).
+
+The tables (:class:`EnsembleResult`), each computed by
+:mod:`mx_proxy.experiments.stats`:
+
+- :meth:`~EnsembleResult.rates`: per arm, blow-ups / members with a
+  Clopper–Pearson 95 % interval, and the Kaplan–Meier survival at the horizon
+  with its band;
+- :meth:`~EnsembleResult.paired_tests`: each arm against the control (the
+  first arm), member by member (same perturbation): McNemar's exact test
+  and the log-rank test;
+- :meth:`~EnsembleResult.loss_gap`: over the members that stayed stable to the horizon, the
+  mean loss over the last 100 steps against the FP32 member with the same
+  perturbation (the ``twin`` arm, or an ``fp32`` arm), in %, with a
+  bootstrap interval.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from mx_proxy.experiments import analysis, campaign, stats
+from mx_proxy.experiments import ensemble as _ens
+from mx_proxy.experiments.ensemble import TWIN, Ensemble, member_label, read_spec
+from mx_proxy.runner import loop as runner
+from mx_proxy.training.config import Config
+from mx_proxy.training.result import Run
+
+__all__ = ["ensemble", "EnsembleResult", "load", "outcomes", "TAIL"]
+
+TAIL = 100  # steps whose mean loss the loss gap compares
+
+
+def outcomes(spec: Ensemble, runs: dict[str, list[Run]]) -> pd.DataFrame:
+    """One row per member: ``arm``, ``member``, ``seed`` (its perturbation),
+    ``blowup_at`` (step, or NA), ``event``, ``time`` (steps from the start
+    to the blow-up, or to the censoring), ``last_step`` and ``tail_loss``
+    (mean loss over its last ``TAIL`` recorded steps)."""
+    rows = []
+    for arm in spec.arms:
+        for i, r in enumerate(runs.get(arm, [])):
+            if r is None:
+                continue
+            m = r.metrics[r.metrics["step"] >= spec.start]
+            last = int(m["step"].iloc[-1]) if len(m) else spec.start - 1
+            onset = analysis.unstable_after(r, spec.start)
+            event = onset is not None
+            tail = m["loss"].tail(TAIL).to_numpy(dtype=float)
+            rows.append({"arm": arm, "member": i, "seed": spec.seeds()[i],
+                         "blowup_at": onset, "event": event,
+                         "time": (onset if event else last + 1) - spec.start, "last_step": last,
+                         "tail_loss": float(tail.mean()) if len(tail) else math.nan})
+    df = pd.DataFrame(rows, columns=["arm", "member", "seed", "blowup_at", "event", "time", "last_step", "tail_loss"])
+    df["blowup_at"] = df["blowup_at"].astype("Int64")
+    return df
+
+
+@dataclasses.dataclass
+class EnsembleResult:
+    """An ensemble's spec and its members' runs (``runs[arm][i]``; ``None``
+    where a member is not exported yet), with the tables of the module docstring."""
+
+    spec: Ensemble
+    runs: dict[str, list[Run | None]]
+    confidence: float = 0.95
+
+    def __post_init__(self):
+        self.table = outcomes(self.spec, self.runs)
+
+    @property
+    def control(self) -> str:
+        return self.spec.arms[0]
+
+    def complete(self, arm: str) -> bool:
+        return all(r is not None for r in self.runs.get(arm, [])) and len(self.runs.get(arm, [])) == self.spec.members
+
+    def _arm(self, arm: str) -> pd.DataFrame:
+        return self.table[self.table["arm"] == arm]
+
+    def survival(self, arm: str) -> pd.DataFrame:
+        """Kaplan–Meier S(t) of ``arm`` (:func:`mx_proxy.experiments.stats.survival`), t in steps from the start."""
+        d = self._arm(arm)
+        if not len(d):
+            raise ValueError(f"arm {arm!r} has no members exported; arms: {', '.join(self.spec.arms)}")
+        return stats.survival(d["time"], d["event"], self.confidence)
+
+    def rates(self) -> pd.DataFrame:
+        """Per arm: ``members`` (exported), ``blowups``, ``p`` with ``low``/``high``
+        (Clopper–Pearson), ``survival`` at the horizon with ``s_low``/``s_high``,
+        and the median time to blow-up (``median_time``, NA where S stays above ½)."""
+        rows = []
+        for arm in self.spec.arms:
+            d = self._arm(arm)
+            if not len(d):
+                continue
+            r = stats.rate(int(d["event"].sum()), len(d), self.confidence)
+            s = self.survival(arm)
+            at_end = s[s["t"] <= self.spec.horizon].iloc[-1]
+            below = s[s["survival"] <= 0.5]
+            rows.append({"arm": arm, "members": r.n, "blowups": r.k, "p": r.p, "low": r.low, "high": r.high,
+                         "survival": float(at_end["survival"]), "s_low": float(at_end["low"]),
+                         "s_high": float(at_end["high"]),
+                         "median_time": int(below["t"].iloc[0]) if len(below) else None})
+        df = pd.DataFrame(rows)
+        if len(df):
+            df["median_time"] = df["median_time"].astype("Int64")
+        return df
+
+    def paired_tests(self, control: str | None = None) -> pd.DataFrame:
+        """Each other arm against ``control`` (default: the first arm) over the
+        members both have: McNemar's exact test on blew up / did not, and the
+        log-rank test on the times (a positive statistic: the control's
+        blow-ups come sooner)."""
+        control = control or self.control
+        c = self._arm(control).set_index("member")
+        rows = []
+        for arm in self.spec.arms:
+            if arm == control:
+                continue
+            a = self._arm(arm).set_index("member")
+            both = c.index.intersection(a.index)
+            if not len(both):
+                continue
+            mc = stats.mcnemar(c.loc[both, "event"], a.loc[both, "event"])
+            lr = stats.logrank(c.loc[both, "time"], c.loc[both, "event"], a.loc[both, "time"], a.loc[both, "event"])
+            rows.append({"arm": arm, "control": control, "pairs": len(both), "only_control": mc.only_a,
+                         "only_arm": mc.only_b, "both": mc.both, "neither": mc.neither, "mcnemar_p": mc.pvalue,
+                         "logrank": lr.statistic, "logrank_p": lr.pvalue})
+        return pd.DataFrame(rows)
+
+    def reference_arm(self) -> str | None:
+        """The FP32 arm the loss gap compares with: ``twin``, else ``fp32``, else none."""
+        return next((a for a in (TWIN, "fp32") if a in self.spec.arms), None)
+
+    def loss_gap(self, seed: int = 0) -> pd.DataFrame:
+        """Per arm, over the members where both it and its FP32 member
+        (:meth:`reference_arm`, same perturbation) stayed stable to the
+        horizon (no blow-up, not censored early): the mean of
+        100·(tail loss / FP32 tail loss − 1) with a bootstrap interval
+        (``seed`` fixes the resampling)."""
+        ref = self.reference_arm()
+        if ref is None:
+            return pd.DataFrame(columns=["arm", "reference", "stable_pairs", "gap_pct", "low", "high"])
+        f = self._arm(ref).set_index("member")
+        rows = []
+        for arm in self.spec.arms:
+            if arm == ref:
+                continue
+            a = self._arm(arm).set_index("member")
+            both = a.index.intersection(f.index)
+            end = self.spec.end - 1
+            ok = [m for m in both if not a.loc[m, "event"] and not f.loc[m, "event"]
+                  and a.loc[m, "last_step"] == end and f.loc[m, "last_step"] == end]  # the same last steps
+            gaps = [100.0 * (a.loc[m, "tail_loss"] / f.loc[m, "tail_loss"] - 1.0) for m in ok]
+            est = stats.bootstrap_mean(gaps, self.confidence, seed=seed)
+            rows.append({"arm": arm, "reference": ref, "stable_pairs": est.n, "gap_pct": est.value,
+                         "low": est.low, "high": est.high})
+        return pd.DataFrame(rows)
+
+
+def load(folder, confidence: float = 0.95) -> EnsembleResult:
+    """The exported members of the ensemble whose results are in ``folder``
+    (``OUT/results``, or ``OUT``); members not exported yet are ``None``."""
+    folder = Path(folder)
+    spec = read_spec(folder)
+    results = folder if (folder / "ensemble.json").exists() else folder / "results"
+    runs = {}
+    for arm in spec.arms:
+        runs[arm] = [campaign.load_result(results / member_label(arm, i))
+                     if (results / member_label(arm, i) / "run.json").exists() else None
+                     for i in range(spec.members)]
+    return EnsembleResult(spec, runs, confidence)
+
+
+def _default_name(base: Config, kind: str, branch_at: int | None) -> str:
+    where = f"-at{branch_at}" if kind == "branch" else ""
+    return f"{base.recipe.name}-w{base.width}-s{base.seed}-{kind}{where}"
+
+
+def ensemble(source, *, arms, members: int, horizon: int, branch_at: int | None = None, kind: str | None = None,
+             name: str | None = None, out=None, epsilon: float = 0.0, first_seed: int = 1,
+             diagnostics_every: int | None = None, checkpoint_every: int = 100, jobs: int = 1,
+             group_size: int | None = None, progress: bool = True) -> EnsembleResult:
+    """Train ``members`` replicas per arm and return their rates.
+
+    Args:
+      source: a :class:`Config` (``seed``/``data`` kinds: the members' base;
+        ``branch``: trained, or loaded, in ``out/runs`` and branched at
+        ``branch_at``, replayed there when it kept no checkpoint), a
+        :class:`Run` or a stored run's folder (``branch``), or a branch
+        state's folder.
+      kind: ``seed``, ``data`` or ``branch`` (default: ``branch`` when
+        ``branch_at`` is given, else ``seed``).
+      out: the ensemble's folder (default ``~/.cache/proxy/ensembles/<name>``);
+        an interrupted ensemble resumes there.
+      jobs, group_size: worker processes, and members per unit of work
+        (:func:`mx_proxy.experiments.ensemble.run`).
+      Other arguments: see :class:`mx_proxy.experiments.ensemble.Ensemble`.
+
+    Example::
+
+        ens = mxp.ensemble(run, branch_at=4000, members=16, arms=["unchanged", "fp32", "rceil"], horizon=1500)
+        ens.rates()
+    """
+    kind = kind or ("branch" if branch_at is not None else "seed")
+    if kind not in _ens.KINDS:
+        raise ValueError(f"unknown ensemble kind {kind!r}; valid: {', '.join(_ens.KINDS)}")
+    if kind == "branch":
+        if isinstance(source, Config):
+            name = name or _default_name(source, kind, branch_at)
+            out = _ens.default_out(name) if out is None else out
+            source = runner.train(source, store=f"{out}/runs", progress=progress)
+        base = source.config if isinstance(source, Run) else None
+        if base is None:
+            out_dir = _ens.default_out(name or "branch") if out is None else out
+            _ens.prepare_branch(source, branch_at, out_dir)
+            base = _ens.read_branch(out_dir).config
+    elif isinstance(source, Config):
+        base = source
+    else:
+        raise TypeError(f"a {kind} ensemble needs a mxp.Config as its source, got {type(source).__name__}")
+    name = name or _default_name(base, kind, branch_at)
+    out = _ens.default_out(name) if out is None else out
+    spec = Ensemble(name, kind, base, tuple([arms] if isinstance(arms, str) else arms), members, horizon,
+                    branch_at=branch_at, epsilon=epsilon, first_seed=first_seed, diagnostics_every=diagnostics_every,
+                    checkpoint_every=checkpoint_every)
+    _ens.run(spec, out, source=source if kind == "branch" else None, jobs=jobs, group_size=group_size,
+             progress=progress)
+    return load(f"{out}/results")

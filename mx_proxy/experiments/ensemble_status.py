@@ -1,0 +1,73 @@
+"""Where an ensemble stands, read from its folder (trains nothing; safe beside a running job).
+
+Per arm: members exported (done), members with a checkpoint (their newest
+step; ``training`` while the process that writes it lives, ``interrupted``
+once it is gone: rerunning the command resumes them), member-steps done and
+left, the measured seconds per member-step (a checkpoint's ``wall_time_s``,
+summed over a resumed member's stretches, over the steps it covers) and the
+hours left at that speed in one process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mx_proxy.experiments import ensemble as _ens
+from mx_proxy.store import checkpoint as ckpt
+from mx_proxy.store import files
+
+__all__ = ["status"]
+
+
+def _member_progress(root: Path, key: str, start: int) -> tuple[str, int, float | None]:
+    """(state, newest checkpoint step, seconds per step) of one member's training folders."""
+    best = (None, start, None)
+    for part in sorted(root.glob(f"{key}.partial-*")):
+        cdir = part / "checkpoints"
+        found = ckpt.steps(cdir)
+        if not found:
+            continue
+        step = found[-1]
+        wall = ckpt.meta(cdir, step).get("wall_time_s")
+        state = "interrupted" if files.owner_gone(part.name.rsplit(".partial-", 1)[1]) else "training"
+        rate = float(wall) / (step - start) if wall and step > start else None
+        if step >= best[1]:
+            best = (state, step, rate)
+    return best
+
+
+def status(out) -> pd.DataFrame:
+    """One row per arm of the ensemble in ``out`` (see the module docstring)."""
+    out = Path(out).expanduser()
+    spec = _ens.read_spec(out)
+    branch_key = _ens.read_branch(out).key if spec.kind == "branch" and (out / "branch").exists() else None
+    root = out / "runs"
+    rows, rates = [], []
+    for arm in spec.trained_arms():
+        done, running, steps_done, states = 0, 0, 0, set()
+        for i in range(spec.members):
+            if (out / "results" / _ens.member_label(arm, i) / "run.json").exists():
+                done += 1
+                steps_done += spec.horizon
+                continue
+            key = _ens.member_key(spec, arm, i, branch_key) if spec.kind != "branch" or branch_key else None
+            if key is None:
+                continue
+            state, step, rate = _member_progress(root, key, spec.start)
+            if state is not None:
+                running += 1
+                states.add(state)
+                steps_done += step - spec.start
+                if rate is not None:
+                    rates.append(rate)
+        rows.append({"arm": arm, "members": spec.members, "done": done, "with_checkpoint": running,
+                     "state": "done" if done == spec.members else "/".join(sorted(states)) or "not started",
+                     "member_steps_done": steps_done, "member_steps_left": spec.members * spec.horizon - steps_done})
+    df = pd.DataFrame(rows)
+    rate = float(np.median(rates)) if rates else np.nan
+    df["s_per_member_step"] = rate
+    df["hours_left"] = df["member_steps_left"] * rate / 3600.0
+    return df

@@ -1,0 +1,198 @@
+"""Statistics of ensembles: rates with intervals, survival, paired tests, signal scores.
+
+Every function wraps ``scipy.stats`` (none re-derives a formula scipy has):
+
+- :func:`rate`: P(event) with a Clopper–Pearson (exact binomial) interval;
+- :func:`survival`: Kaplan–Meier survival of time-to-event, right-censored
+  at each member's horizon (``scipy.stats.ecdf`` on ``CensoredData``), with
+  pointwise confidence bands;
+- :func:`mcnemar`: McNemar's exact test on paired binary outcomes (a
+  two-sided binomial test on the discordant pairs);
+- :func:`logrank`: the log-rank test of two survival samples;
+- :func:`bootstrap_mean`: a mean with a bootstrap (BCa) interval,
+  reproducible from its seed;
+- :func:`auc`: the area under the ROC curve of a score for a binary label
+  (the Mann–Whitney U statistic over n₁·n₀, ties counting one half).
+
+Times are in training steps; an event time ``t`` with ``event=False`` means
+"no event seen up to ``t``" (censored).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import NamedTuple
+
+import numpy as np
+import pandas as pd
+from scipy import stats as _st
+
+__all__ = ["Rate", "rate", "survival", "mcnemar", "McNemar", "logrank", "LogRank", "bootstrap_mean", "Estimate",
+           "auc"]
+
+
+class Rate(NamedTuple):
+    """``k`` events in ``n`` trials: the estimate ``p = k / n`` and its ``[low, high]`` interval."""
+
+    k: int
+    n: int
+    p: float
+    low: float
+    high: float
+
+
+class McNemar(NamedTuple):
+    """Paired outcomes of arms A and B: ``only_a`` pairs with the event in A
+    only, ``only_b`` in B only, ``both``, ``neither``; ``pvalue`` of the exact
+    two-sided test (1.0 with no discordant pair)."""
+
+    only_a: int
+    only_b: int
+    both: int
+    neither: int
+    pvalue: float
+
+
+class LogRank(NamedTuple):
+    """The log-rank test: its statistic (signed: positive where the first
+    sample's events come sooner) and two-sided ``pvalue``; NaN where no event
+    happened in either sample."""
+
+    statistic: float
+    pvalue: float
+
+
+class Estimate(NamedTuple):
+    """A point estimate with its ``[low, high]`` interval and the sample size ``n``."""
+
+    value: float
+    low: float
+    high: float
+    n: int
+
+
+def _check_confidence(confidence: float) -> float:
+    if not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie strictly between 0 and 1, got {confidence!r}")
+    return float(confidence)
+
+
+def rate(k: int, n: int, confidence: float = 0.95) -> Rate:
+    """P(event) from ``k`` events in ``n`` trials, with the Clopper–Pearson
+    interval (``scipy.stats.binomtest(k, n).proportion_ci(method="exact")``)."""
+    if isinstance(k, bool) or isinstance(n, bool) or not (isinstance(k, (int, np.integer))
+                                                          and isinstance(n, (int, np.integer))):
+        raise TypeError(f"rate needs integer counts, got k={k!r}, n={n!r}")
+    if not 0 <= k <= n or n < 1:
+        raise ValueError(f"rate needs 0 <= k <= n and n >= 1, got k={k}, n={n}")
+    ci = _st.binomtest(int(k), int(n)).proportion_ci(confidence_level=_check_confidence(confidence), method="exact")
+    return Rate(int(k), int(n), k / n, float(ci.low), float(ci.high))
+
+
+def _times(times, events) -> tuple[np.ndarray, np.ndarray]:
+    t = np.asarray(times, dtype=float)
+    e = np.asarray(events, dtype=bool)
+    if t.ndim != 1 or t.shape != e.shape or not len(t):
+        raise ValueError(f"times and events must be two 1-D sequences of one non-zero length, got shapes "
+                         f"{t.shape} and {e.shape}")
+    if not np.all(np.isfinite(t)) or np.any(t < 0):
+        raise ValueError(f"times must be finite and >= 0, got {t.tolist()}")
+    return t, e
+
+
+def _censored(t: np.ndarray, e: np.ndarray) -> _st.CensoredData:
+    return _st.CensoredData(uncensored=t[e], right=t[~e])
+
+
+def survival(times, events, confidence: float = 0.95) -> pd.DataFrame:
+    """Kaplan–Meier estimate of S(t) = P(no event by step t).
+
+    Args:
+      times: per member, the step of its event, or (``events`` False) the
+        last step it was seen without one (its horizon).
+      events: per member, whether the event happened.
+
+    Returns:
+      One row per distinct time, from ``t = 0`` (S = 1): ``t``, ``survival``
+      and the pointwise ``low``/``high`` band (the log-log transformed
+      Greenwood interval, which stays inside [0, 1]; [1, 1] before the first
+      event, [0, 1] where it is undefined because no member is left at risk);
+      with no event at all, the one row ``t = 0`` and the last time, both 1.
+    """
+    t, e = _times(times, events)
+    confidence = _check_confidence(confidence)
+    if not e.any():
+        end = float(t.max())
+        return pd.DataFrame({"t": [0.0, end] if end > 0 else [0.0], "survival": 1.0, "low": 1.0, "high": 1.0})
+    sf = _st.ecdf(_censored(t, e)).sf
+    with warnings.catch_warnings():  # undefined where S is 1 (no event yet) or 0 (the last member at risk had it)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        band = sf.confidence_interval(confidence, method="log-log")
+    df = pd.DataFrame({"t": sf.quantiles, "survival": sf.probabilities,
+                       "low": band.low.probabilities, "high": band.high.probabilities})
+    certain = df["survival"] == 1.0
+    df.loc[certain, ["low", "high"]] = 1.0
+    df[["low", "high"]] = df[["low", "high"]].fillna({"low": 0.0, "high": 1.0})
+    return pd.concat([pd.DataFrame({"t": [0.0], "survival": [1.0], "low": [1.0], "high": [1.0]}), df],
+                     ignore_index=True)
+
+
+def mcnemar(a, b) -> McNemar:
+    """McNemar's exact test of paired binary outcomes ``a[i]``, ``b[i]`` (member
+    ``i`` of arms A and B saw the same perturbation): a two-sided binomial
+    test of the discordant pairs against p = ½."""
+    a, b = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)
+    if a.ndim != 1 or a.shape != b.shape or not len(a):
+        raise ValueError(f"mcnemar needs two paired 1-D outcome sequences of one non-zero length, got shapes "
+                         f"{a.shape} and {b.shape}")
+    only_a, only_b = int(np.sum(a & ~b)), int(np.sum(~a & b))
+    p = 1.0 if only_a + only_b == 0 else float(_st.binomtest(only_a, only_a + only_b, 0.5).pvalue)
+    return McNemar(only_a, only_b, int(np.sum(a & b)), int(np.sum(~a & ~b)), p)
+
+
+def logrank(times_a, events_a, times_b, events_b) -> LogRank:
+    """The log-rank test of two right-censored samples (``scipy.stats.logrank``, two-sided)."""
+    ta, ea = _times(times_a, events_a)
+    tb, eb = _times(times_b, events_b)
+    if not (ea.any() or eb.any()):
+        return LogRank(float("nan"), float("nan"))
+    res = _st.logrank(_censored(ta, ea), _censored(tb, eb))
+    return LogRank(float(res.statistic), float(res.pvalue))
+
+
+def bootstrap_mean(x, confidence: float = 0.95, seed: int = 0, resamples: int = 9999) -> Estimate:
+    """The mean of ``x`` (NaNs dropped) with a bootstrap interval
+    (``scipy.stats.bootstrap``, BCa; percentile where BCa is undefined, e.g. all
+    values equal). ``seed`` fixes the resampling, so a report is reproducible.
+    Fewer than two values: the interval is NaN."""
+    v = np.asarray(x, dtype=float).ravel()
+    v = v[np.isfinite(v)]
+    if not len(v):
+        return Estimate(float("nan"), float("nan"), float("nan"), 0)
+    mean = float(v.mean())
+    if len(v) < 2 or np.all(v == v[0]):
+        return Estimate(mean, mean if len(v) > 1 else float("nan"), mean if len(v) > 1 else float("nan"), len(v))
+    res = _st.bootstrap((v,), np.mean, confidence_level=_check_confidence(confidence), n_resamples=resamples,
+                        method="BCa", rng=np.random.default_rng(seed))
+    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    if not (np.isfinite(low) and np.isfinite(high)):
+        res = _st.bootstrap((v,), np.mean, confidence_level=confidence, n_resamples=resamples, method="percentile",
+                            rng=np.random.default_rng(seed))
+        low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    return Estimate(mean, low, high, len(v))
+
+
+def auc(scores, labels) -> float:
+    """Area under the ROC curve of ``scores`` for the binary ``labels``: the
+    probability that a positive outscores a negative, ties counting ½
+    (``scipy.stats.mannwhitneyu``'s U over n₁·n₀). NaN scores are dropped;
+    NaN if either class is empty."""
+    s, y = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
+    if s.shape != y.shape:
+        raise ValueError(f"scores and labels must have one shape, got {s.shape} and {y.shape}")
+    ok = np.isfinite(s)
+    pos, neg = s[ok & y], s[ok & ~y]
+    if not len(pos) or not len(neg):
+        return float("nan")
+    u = _st.mannwhitneyu(pos, neg, alternative="two-sided", method="asymptotic").statistic
+    return float(u / (len(pos) * len(neg)))

@@ -1,0 +1,186 @@
+"""Ensembles end to end at width 16: branch members, pairing across arms, the twin, resume, export, CLI."""
+
+import json
+
+import jax
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import mx_proxy as mxp
+from mx_proxy.cli import main as cli
+from mx_proxy.experiments import branch, ensemble as E, ensemble_result, ensemble_status, report
+from mx_proxy.viz import plots
+
+PARENT = mxp.Config(width=16, depth=2, batch=32, steps=40, lr=3e-3, recipe="paper_e4m3", paired_run=True,
+                    diagnostics_every=5, checkpoint_at=(20,))
+
+
+@pytest.fixture(scope="module")
+def parent(tmp_path_factory):
+    return mxp.train(PARENT, store=tmp_path_factory.mktemp("parent"), progress=False)
+
+
+def _spec(parent, **kw):
+    kw = dict(dict(name="t", kind="branch", base=parent.config, arms=("unchanged", "twin", "fp32"), members=4,
+                   horizon=20, branch_at=20, checkpoint_every=10), **kw)
+    return E.Ensemble(**kw)
+
+
+@pytest.fixture(scope="module")
+def trained(parent, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ens")
+    spec = _spec(parent, epsilon=1e-3)
+    runs = E.run(spec, out, source=parent, progress=False, log=lambda *_: None)
+    return spec, out, runs
+
+
+def test_a_member_on_the_parents_own_data_stream_is_the_parent(parent, tmp_path):
+    spec = _spec(parent, arms=("unchanged", "twin"), members=1, first_seed=PARENT.data_seed)
+    runs = E.run(spec, tmp_path, source=parent, progress=False, log=lambda *_: None)
+    (member,) = runs["unchanged"]
+    own = parent.metrics[parent.metrics["step"] >= 20].reset_index(drop=True)
+    got = member.metrics[member.metrics["step"] >= 20].reset_index(drop=True)
+    np.testing.assert_array_equal(got["loss"].to_numpy(), own["loss"].to_numpy())
+    np.testing.assert_array_equal(got["ref_loss"].to_numpy(), own["ref_loss"].to_numpy())
+    twin = mxp.load_ensemble(tmp_path).runs["twin"][0]
+    np.testing.assert_array_equal(twin.metrics.set_index("step").loc[20:, "loss"].to_numpy(), own["ref_loss"])
+
+
+def test_arms_are_paired_member_by_member(trained):
+    spec, out, runs = trained
+    for i in range(spec.members):
+        seeds = {runs[a][i].config.data_seed for a in ("unchanged", "fp32")}
+        assert seeds == {spec.first_seed + i}
+        assert runs["unchanged"][i].info["perturbation"] == {"seed": spec.first_seed + i, "epsilon": 1e-3}
+    assert len({r.final_loss for r in runs["unchanged"]}) == spec.members  # each its own stream
+    res = mxp.load_ensemble(out)
+    for i in range(spec.members):  # the twin arm is the unchanged members' paired FP32 run
+        u, t = runs["unchanged"][i].metrics, res.runs["twin"][i].metrics
+        both = u[u["step"] >= 20 - E.HISTORY][["step", "ref_loss"]].merge(t[["step", "loss"]], on="step")
+        np.testing.assert_array_equal(both["ref_loss"].to_numpy(), both["loss"].to_numpy())
+
+
+def test_epsilon_perturbs_every_parameter_by_the_same_z_in_student_and_twin(parent, tmp_path):
+    b = branch.read(branch.write(parent, 20, tmp_path / "b"))
+    p = branch.perturb(b.state, 1e-2, 5)
+
+    def z(before, after):
+        pairs = [(np.asarray(x, np.float64), np.asarray(y, np.float64))
+                 for x, y in zip(jax.tree.leaves(before), jax.tree.leaves(after))]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.concatenate([np.where(x != 0, (y - x) / x / 1e-2, np.nan).ravel() for x, y in pairs])
+
+    zs, zt = z(b.state.params, p.params), z(b.state.ref_params, p.ref_params)
+    both = np.isfinite(zs) & np.isfinite(zt)  # a zero (the student's frozen LN bias) stays zero
+    np.testing.assert_allclose(zs[both], zt[both], atol=1e-3)  # float32 rounding of x·(1 + εz) only
+    assert abs(zs[both].mean()) < 0.1 and 0.9 < zs[both].std() < 1.1 and both.sum() > 4000
+    assert branch.perturb(b.state, 0.0, 5) is b.state
+
+
+def test_exports_report_status_and_figures(trained, tmp_path):
+    spec, out, _ = trained
+    res = ensemble_result.load(out / "results")
+    assert set(res.table["arm"]) == {"unchanged", "twin", "fp32"} and len(res.table) == 12
+    rates = res.rates()
+    assert (rates["members"] == 4).all() and ((rates["low"] <= rates["p"]) & (rates["p"] <= rates["high"])).all()
+    text = report.for_folder(out / "results")
+    assert "P(blow-up), 95 % interval" in text and "McNemar" in text and "Which signal warns first" in text
+    st = ensemble_status.status(out)
+    assert (st["state"] == "done").all() and (st["member_steps_left"] == 0).all()
+    exported = pd.read_parquet(out / "results" / E.member_label("fp32", 0) / "metrics.parquet")
+    assert exported["step"].iloc[0] == 0 and exported["step"].iloc[-1] == 39  # from branch_at - HISTORY (clipped)
+    for fn in (plots.survival, plots.blowup_rates):
+        fn(res).savefig(tmp_path / f"{fn.__name__}.png")
+        assert (tmp_path / f"{fn.__name__}.png").stat().st_size > 5000
+
+
+class _Stop(Exception):
+    pass
+
+
+class _InterruptingBar:
+    """A progress bar that interrupts the group once it has trained ``after`` member-steps."""
+
+    def __init__(self, after):
+        self.after, self.n = after, 0
+
+    def update(self, n=1):
+        self.n += n
+        if self.n > self.after:
+            raise _Stop
+
+
+def test_an_interrupted_arm_resumes_to_the_uninterrupted_result(trained, parent, tmp_path):
+    spec, out, runs = trained
+    E.prepare(spec, tmp_path, source=parent)
+    with pytest.raises(_Stop):  # killed after the checkpoint at step 30 (10 steps × 4 members past the branch)
+        E.train_arm(tmp_path, "fp32", bar=_InterruptingBar(after=4 * 10))
+    st = ensemble_status.status(tmp_path).set_index("arm")
+    assert st.loc["fp32", "with_checkpoint"] == 4 and st.loc["fp32", "state"] in ("training", "interrupted")
+    again = E.train_arm(tmp_path, "fp32", progress=False)
+    assert all(r.info.get("resumed_from") == 30 for r in again)
+    for a, b in zip(again, runs["fp32"]):
+        pd.testing.assert_frame_equal(a.metrics.drop(columns=["val_loss"]), b.metrics.drop(columns=["val_loss"]))
+
+
+def test_cli_resumes_the_saved_spec_and_refuses_another(trained, parent, tmp_path, capsys):
+    spec, out, _ = trained
+    assert cli.main(["ensemble", "--out", str(out), "--quiet"]) == 0  # everything stored: loads and reports
+    assert "P(blow-up)" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        cli.main(["ensemble", "--out", str(out), "--kind", "branch", "--branch-at", "20", "--arms", "unchanged",
+                  "fp32", "--members", "2", "--horizon", "20"])
+    assert e.value.code == 2 and "holds another ensemble (differs in arms," in capsys.readouterr().err
+    assert cli.main(["ensemble", "--out", str(out), "--status"]) == 0
+    assert "member-steps left" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(arms=("unchanged", "bogus")), "unknown arm 'bogus'; valid: unchanged, twin, fp32"),
+    (dict(arms=("fp32", "twin")), "the 'twin' arm"),
+    (dict(kind="nope"), "unknown ensemble kind 'nope'; valid: seed, data, branch"),
+    (dict(members=0), "members must be an integer >= 1, got 0"),
+    (dict(epsilon=-1.0), "epsilon must be a finite number >= 0"),
+    (dict(kind="seed"), "branch_at and epsilon belong to a branch ensemble"),
+    (dict(checkpoint_every=7), r"checkpoint_every \(7\) must be a multiple of diagnostics_every \(5\)"),
+    (dict(arms=("unchanged", "unchanged")), "arms must be distinct"),
+])
+def test_bad_specs_are_refused_naming_the_valid_choices(parent, change, message):
+    with pytest.raises(ValueError, match=message):
+        _spec(parent, **change)
+
+
+def test_spec_round_trips_through_json(parent):
+    spec = _spec(parent, epsilon=1e-4, first_seed=7)
+    again = E.Ensemble.from_dict(json.loads(json.dumps(spec.to_dict())))
+    assert again == spec and again.config("rceil", 2) == spec.config("rceil", 2)
+    assert spec.config("rceil", 2).recipe.name == "paper_e4m3+rceil" and spec.config("rceil", 2).data_seed == 9
+    assert spec.config("unchanged", 0).paired_run and not spec.config("fp32", 0).paired_run
+
+
+def test_seed_ensemble_members_differ_in_init_and_data(tmp_path):
+    base = mxp.Config(width=16, depth=2, batch=32, steps=20, lr=3e-3, diagnostics_every=5)
+    res = mxp.ensemble(base, kind="seed", arms=["fp32", "mxfp8_e4m3"], members=2, horizon=20, out=tmp_path,
+                       checkpoint_every=10, progress=False)
+    for arm in ("fp32", "mxfp8_e4m3"):
+        assert [(r.config.seed, r.config.data_seed) for r in res.runs[arm]] == [(1, 1), (2, 2)]
+    assert len(res.loss_gap()) == 1 and res.loss_gap()["reference"].iloc[0] == "fp32"
+
+
+def test_units_split_arms_into_member_chunks_chunk_first(parent):
+    spec = _spec(parent, members=5)
+    assert E.units(spec, 2) == [("unchanged", (0, 1)), ("fp32", (0, 1)), ("unchanged", (2, 3)), ("fp32", (2, 3)),
+                                ("unchanged", (4,)), ("fp32", (4,))]
+    assert E.units(spec) == [("unchanged", (0, 1, 2, 3, 4)), ("fp32", (0, 1, 2, 3, 4))]
+    with pytest.raises(ValueError, match="members \\[4, 9\\] of arm 'fp32': each once, in 0…4"):
+        E._check_unit(spec, "fp32", [4, 9])
+
+
+def test_a_member_does_not_depend_on_its_unit(trained, parent, tmp_path):
+    spec, out, runs = trained
+    again = E.run(spec, tmp_path, source=parent, group_size=3, progress=False, log=lambda *_: None)
+    for arm in ("unchanged", "fp32"):
+        for a, b in zip(again[arm], runs[arm]):
+            pd.testing.assert_frame_equal(a.metrics.drop(columns=["val_loss"]), b.metrics.drop(columns=["val_loss"]))

@@ -1,0 +1,122 @@
+"""Outcomes, rates, paired tests, loss gaps and warning-signal scores on members made for the test."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import mx_proxy as mxp
+from mx_proxy.experiments import ensemble as E, ensemble_result, signals, stats
+from mx_proxy.training.result import Run
+
+BASE = mxp.Config(width=16, depth=2, steps=100, paired_run=True, diagnostics_every=5, recipe="paper_e4m3")
+SPEC = E.Ensemble("made", "branch", BASE, ("unchanged", "twin", "fp32"), members=4, horizon=200, branch_at=100,
+                  checkpoint_every=50)
+
+
+def _run(arm, i, loss, diverged_at=None, extra=None):
+    steps = np.arange(len(loss))
+    m = pd.DataFrame({"step": steps, "loss": np.asarray(loss, float)} | (extra or {}))
+    return Run(SPEC.config(arm, i), m, diverged_at, info={"ensemble": {"arm": arm, "member": i}})
+
+
+def _flat(n=300, level=1.0):
+    return np.full(n, level)
+
+
+def _members():
+    """unchanged: m0 blows up at 150, m1 stopped by the engine at 180, m2 stable, m3 blows up at 290;
+    twin: m1 censored where its pair stopped (180), otherwise stable at 1.0; fp32: stable at 1.1."""
+    u0, u3 = _flat(), _flat()
+    u0[150:] = 20.0
+    u3[290:] = 15.0
+    unchanged = [_run("unchanged", 0, u0), _run("unchanged", 1, _flat(181), diverged_at=180),
+                 _run("unchanged", 2, _flat(level=1.05)), _run("unchanged", 3, u3)]
+    twin = [_run("twin", i, _flat(181 if i == 1 else 300)) for i in range(4)]
+    fp32 = [_run("fp32", i, _flat(level=1.1)) for i in range(4)]
+    return {"unchanged": unchanged, "twin": twin, "fp32": fp32}
+
+
+@pytest.fixture(scope="module")
+def result():
+    return ensemble_result.EnsembleResult(SPEC, _members())
+
+
+def test_outcomes_apply_one_rule_to_every_member(result):
+    t = result.table.set_index(["arm", "member"])
+    assert t.loc[("unchanged", 0), ["event", "time"]].tolist() == [True, 50]
+    assert t.loc[("unchanged", 1), ["event", "time"]].tolist() == [True, 80]  # the engine's divergence
+    assert t.loc[("unchanged", 2), ["event", "time"]].tolist() == [False, 200]  # censored at the horizon
+    assert t.loc[("unchanged", 3), ["event", "time"]].tolist() == [True, 190]
+    assert t.loc[("twin", 1), ["event", "time"]].tolist() == [False, 81]  # censored where its pair stopped
+    assert not t.loc["fp32", "event"].any() and (t.loc["fp32", "time"] == 200).all()
+
+
+def test_rates_and_survival_equal_their_independent_computation(result):
+    r = result.rates().set_index("arm")
+    expect = stats.rate(3, 4)
+    assert (r.loc["unchanged", "blowups"], r.loc["unchanged", "members"]) == (3, 4)
+    assert r.loc["unchanged", ["p", "low", "high"]].tolist() == pytest.approx([expect.p, expect.low, expect.high])
+    s = result.survival("unchanged")
+    # product limit by hand: 4 at risk; events at 50, 80, 190; one censored at 200
+    assert s["t"].tolist() == [0, 50, 80, 190, 200]
+    np.testing.assert_allclose(s["survival"], [1, 3 / 4, 2 / 4, 1 / 4, 1 / 4])
+    assert r.loc["unchanged", "survival"] == pytest.approx(0.25) and r.loc["unchanged", "median_time"] == 80
+    assert r.loc["fp32", "p"] == 0 and pd.isna(r.loc["fp32", "median_time"])
+
+
+def test_paired_tests_against_the_control(result):
+    t = result.paired_tests().set_index("arm")
+    assert t.loc["fp32", ["only_control", "only_arm", "both", "neither"]].tolist() == [3, 0, 0, 1]
+    assert t.loc["fp32", "mcnemar_p"] == pytest.approx(0.25)  # 2 · (1/2)^3
+    assert t.loc["fp32", "logrank"] > 0 and t.loc["fp32", "logrank_p"] < 0.05
+
+
+def test_loss_gap_over_stable_pairs_only(result):
+    g = result.loss_gap().set_index("arm")
+    assert g.loc["unchanged", "stable_pairs"] == 1 and g.loc["unchanged", "gap_pct"] == pytest.approx(5.0)
+    assert g.loc["fp32", "stable_pairs"] == 3 and g.loc["fp32", "gap_pct"] == pytest.approx(10.0)
+    assert g.loc["fp32", "low"] == pytest.approx(10.0) and g.loc["fp32", "high"] == pytest.approx(10.0)
+
+
+def _signal_result(rng):
+    """4 members blow up (at 260, 230, 280, 250), 4 do not; ``zeta_bound`` ramps up over the 100 steps
+    before each blow-up and is noise elsewhere; ``update_norm`` is one constant."""
+    runs = {"unchanged": [], "fp32": []}
+    spec = E.Ensemble("sig", "branch", BASE, ("unchanged", "fp32"), members=4, horizon=200, branch_at=100,
+                      checkpoint_every=50)
+    for arm, blowups in (("unchanged", (260, 230, 280, 250)), ("fp32", (None,) * 4)):
+        for i, b in enumerate(blowups):
+            loss = _flat()
+            zeta = rng.uniform(0.2, 0.4, 300)
+            if b is not None:
+                loss[b:] = 50.0
+                zeta[b - 100:b] = np.linspace(0.5, 2.0, 100)
+            m = pd.DataFrame({"step": np.arange(300), "loss": loss, "zeta_bound": zeta, "update_norm": 1.0})
+            runs[arm].append(Run(spec.config(arm, i), m, None))
+    return ensemble_result.EnsembleResult(spec, runs)
+
+
+def test_a_signal_that_ramps_before_each_blowup_scores_and_warns(result):
+    sig = signals.score(_signal_result(np.random.default_rng(0))).set_index("signal")
+    assert sig.loc["zeta_bound", "auc_100"] == pytest.approx(1.0)
+    assert 0.5 < sig.loc["zeta_bound", "auc_500"] <= 1.0
+    assert sig.loc["zeta_bound", "events"] == 4 and sig.loc["zeta_bound", "warned"] == 4
+    assert sig.loc["zeta_bound", "lead"] == 100  # the ramp's first step is above every quiet value
+    assert sig.loc["update_norm", "auc_100"] == pytest.approx(0.5)  # a constant: chance
+
+
+def test_gnmr_signal_is_the_controllers_ratio_computed_independently():
+    g = np.array([[1.0, 2.0], [1.0, 2.0], [3.0, 2.0], [1.0, 8.0], [2.0, 2.0]] * 4)
+    m = pd.DataFrame({"step": np.arange(len(g)), "loss": 1.0, "grad_norm/block_0": g[:, 0],
+                      "grad_norm/block_1": g[:, 1]})
+    f = signals.signal_frame(m)
+    expect_g, expect_d = [], []
+    for t in range(len(g)):
+        ratio = [g[t, u] / g[:t, u].mean() if t else math.nan for u in range(2)]
+        delta = [g[t, u] / g[t - 10:t, u].mean() if t >= 10 else math.nan for u in range(2)]
+        expect_g.append(np.nanmax(ratio) if t else math.nan)
+        expect_d.append(np.nanmax(delta) if t >= 10 else math.nan)
+    np.testing.assert_allclose(f["gnmr"], expect_g, rtol=1e-6)
+    np.testing.assert_allclose(f["delta_gnmr"], expect_d, rtol=1e-6)
