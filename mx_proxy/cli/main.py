@@ -12,19 +12,10 @@ import pandas as pd
 from mx_proxy.cli.bench import BENCHMARKS, describe
 from mx_proxy.cli.config_options import add_config_options, config_from_args
 from mx_proxy.cli.experiment_commands import add_experiment_commands, add_store_options, guard, store_arg
-from mx_proxy.cli.help import PlainFormatter, cli_message
+from mx_proxy.cli.parser import Parser
 from mx_proxy.experiments import campaign, campaign_status, report, scales
 from mx_proxy.runner import loop as runner
 from mx_proxy.viz.figures import FIGURE_DOCS, FIGURES, campaign_figures, default_dir, generate
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse exits with status 2 on bad input and names the valid choices;
-    help texts are plain terminal text (:class:`mx_proxy.cli.help.PlainFormatter`)."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", PlainFormatter)
-        super().__init__(*args, **kwargs)
 
 
 def _bench(args) -> int:
@@ -44,12 +35,9 @@ def _train(args) -> int:
 
 
 def _figures(args) -> int:
-    try:
-        store = store_arg(args)
-        written = generate(args.only, scale=args.scale, out=args.out, store=store or None, results=args.results,
-                           pdf=args.pdf, jobs=args.jobs, progress=not args.quiet)
-    except ValueError as err:
-        args.parser.error(cli_message(str(err)))
+    store = store_arg(args)
+    written = generate(args.only, scale=args.scale, out=args.out, store=store or None, results=args.results,
+                       pdf=args.pdf, jobs=args.jobs, progress=not args.quiet)
     if written:
         print(f"{len(written)} figure file(s) in {os.path.dirname(written[0])}"
               + ("" if store is False else f"; run store: {store}"))
@@ -62,8 +50,6 @@ def _campaign(args) -> int:
     try:
         index = campaign.run(args.scale, args.out, kinds=args.only or campaign.KINDS, widths=args.widths,
                              seeds=args.seeds, progress=not args.quiet, store=not args.no_store, estimate=args.estimate)
-    except ValueError as err:
-        args.parser.error(cli_message(str(err)))
     except KeyboardInterrupt:
         print("mx-proxy campaign: interrupted; finished runs are kept in the store and results folder, "
               "and a rerun resumes", file=sys.stderr)
@@ -80,11 +66,8 @@ def _campaign(args) -> int:
 
 def _campaign_status(args) -> int:
     """``mx-proxy campaign --status``: where each planned run stands (trains nothing)."""
-    try:
-        table = campaign_status.status(args.scale, args.out, widths=args.widths, seeds=args.seeds,
-                                       kinds=[k for k in (args.only or campaign.KINDS) if k != "intervention"])
-    except ValueError as err:
-        args.parser.error(cli_message(str(err)))
+    table = campaign_status.status(args.scale, args.out, widths=args.widths, seeds=args.seeds,
+                                   kinds=[k for k in (args.only or campaign.KINDS) if k != "intervention"])
     with pd.option_context("display.width", 200, "display.max_columns", None, "display.float_format", "{:.4g}".format):
         print(table.to_string(index=False) if len(table) else "no planned runs")
     if len(table) and table["state"].isin(["training", "interrupted"]).any():
@@ -95,23 +78,20 @@ def _campaign_status(args) -> int:
 
 def _report(args) -> int:
     """``mx-proxy report``: a results folder as Markdown, or the report blocks of Markdown files rewritten."""
-    try:
-        if args.update:
-            for path in args.update:
-                changed = report.update(path)
-                print(f"{path}: {'rewritten' if changed else 'already up to date'}")
-            return 0
-        if not args.results:
-            args.parser.error("give a results folder (e.g. results/paper) or --update FILE ...")
-        print(report.for_folder(args.results), end="")
-    except (ValueError, OSError) as err:
-        args.parser.error(cli_message(str(err)))
+    if args.update:
+        for path in args.update:
+            changed = report.update(path)
+            print(f"{path}: {'rewritten' if changed else 'already up to date'}")
+        return 0
+    if not args.results:
+        args.parser.error("give a results folder (e.g. results/paper) or --update FILE ...")
+    print(report.for_folder(args.results), end="")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="mx-proxy", description="MX low-precision training workbench")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog="mx-proxy", description="MX low-precision training workbench")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     add_experiment_commands(sub)
     listing = "\n".join(f"  {name:<9} {describe(name)}" for name in BENCHMARKS)
     bench = sub.add_parser("bench", help="run a benchmark and print measured ratios",
@@ -145,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "started; steps done, its metrics so far, the time left)")
     camp.add_argument("--no-store", action="store_true",
                       help="keep the runs in memory (no OUT/runs: nothing to resume from); results are still written")
-    camp.set_defaults(func=_campaign, parser=camp)
+    camp.set_defaults(func=guard(_campaign), parser=camp)
 
     rep = sub.add_parser(
         "report", help="a campaign's results as the README's headline (Markdown)",
@@ -156,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "from its folder.")
     rep.add_argument("results", nargs="?", help="a results folder (OUT/results of a campaign, e.g. results/paper)")
     rep.add_argument("--update", nargs="+", metavar="FILE", help="Markdown files whose report blocks to rewrite")
-    rep.set_defaults(func=_report, parser=rep)
+    rep.set_defaults(func=guard(_report), parser=rep)
 
     listing = "\n".join(f"  {name:<22} {FIGURE_DOCS[name]}" for name in FIGURES)
     figures = sub.add_parser(
@@ -181,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "1: everything in this process)")
     figures.add_argument("--quiet", action="store_true", help="no progress bar")
     add_store_options(figures, train=False, default=str(default_dir("runs")))
-    figures.set_defaults(func=_figures, parser=figures)
+    figures.set_defaults(func=guard(_figures), parser=figures)
     return parser
 
 
@@ -200,9 +180,13 @@ def headless_backend() -> None:
 def main(argv: list[str] | None = None) -> int:
     headless_backend()
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
         return args.func(args)
+    except SystemExit as e:  # bad input: its status (2) is returned; --help exits as argparse does
+        if not e.code:
+            raise
+        return int(e.code)
     except KeyboardInterrupt:
         print(f"mx-proxy {args.command}: interrupted; results finished before the interrupt are kept", file=sys.stderr)
         return 130

@@ -185,6 +185,19 @@ def load_result(folder: str | os.PathLike) -> Run:
     return Run(cfg, metrics, meta["diverged_at"], None, meta.get("wall_time_s") or 0.0, dict(meta), str(folder))
 
 
+def _of_widths(entries: list, widths, scale: str) -> list:
+    """The planned ``entries`` of ``widths`` (all for None); a width the
+    campaign does not plan is a ValueError naming those it does."""
+    if widths is None:
+        return entries
+    planned = sorted({e.config.width for e in entries})
+    unknown = sorted(set(widths) - set(planned))
+    if unknown:
+        raise ValueError(f"campaign {scale!r} plans no run of width {', '.join(map(str, unknown))}; its widths: "
+                         f"{', '.join(map(str, planned))}")
+    return [e for e in entries if e.config.width in set(widths)]
+
+
 def run(scale: str | _scales.Scale, out: str | os.PathLike, *, kinds: Iterable[str] = KINDS,
         widths: Iterable[int] | None = None, seeds: Iterable[int] | None = None, progress: bool = True,
         store: bool = True, log: Callable[[str], None] = print, estimate: bool = False) -> pd.DataFrame:
@@ -206,10 +219,7 @@ def run(scale: str | _scales.Scale, out: str | os.PathLike, *, kinds: Iterable[s
     kinds = _check_kinds(kinds)
     out = durable.checked_path(out, "campaign folder", folder=True)
     store, results = (out / "runs" if store else None), out / "results"
-    entries = plan(s, kinds)
-    if widths is not None:
-        widths = set(widths)
-        entries = [e for e in entries if e.config.width in widths]
+    entries = _of_widths(plan(s, kinds), widths, s.name)
     groups: dict = {}
     for e in entries:  # one sweep per (kind, program): LRs and seeds vmapped; paired recipes share their FP32 run
         key = (e.kind, e.config.replace(lr=1.0, seed=0, reference_seed=None))

@@ -18,7 +18,7 @@ from mx_proxy.store import checkpoint as ckpt
 from mx_proxy.store import run_store as _store
 from mx_proxy.training import memory as _memory
 from mx_proxy.training.config import INTERVENABLE_FIELDS  # the fields declared knob(..., intervene=True)
-from mx_proxy.training.config import ArgumentTypeError, Config
+from mx_proxy.training.config import ArgumentTypeError, Config, check_field
 from mx_proxy.training.engine import dynamic_for, program_for
 from mx_proxy.training.result import Run
 
@@ -215,12 +215,15 @@ def intervene(run: Run | str | Path, at_step: int, recipe: str | _recipes.Recipe
         raise ArgumentTypeError(f"recipe must be a preset name (str), a Recipe or None, got {recipe!r} "
                         f"({type(recipe).__name__})")
     runner.check_args(force=force, progress=progress)
-    parent = _parent(run, "intervene")
     bad = sorted(set(changes) - set(INTERVENABLE_FIELDS))
     if bad:
         unknown = [b for b in bad if b not in Config.field_names()]
         what = "unknown config field(s)" if unknown else "field(s) that cannot change mid-run"
         raise ValueError(f"intervene: {what} {bad}; changeable: {', '.join(INTERVENABLE_FIELDS)}")
+    for name, value in changes.items():  # each value on its own before the parent is read
+        if name != "checkpoint_at":
+            check_field(name, value)
+    parent = _parent(run, "intervene")
     pc = parent.config
     sink = _parent_sink(parent)
     available = sink.steps()

@@ -32,7 +32,7 @@ from mx_proxy.training.controllers import GNMR
 
 __all__ = ["Config", "knob", "FIELD_DOCS", "CHOICES", "INTERVENABLE_FIELDS", "fields_of_kind", "STATIC", "DYNAMIC",
            "HOST", "KINDS", "OPTIMIZERS", "SCHEDULES", "GRADIENT_REFERENCES", "SCHEMA", "SEED_LIMIT", "MAX_STEPS",
-           "BOUNDS", "ArgumentTypeError"]
+           "BOUNDS", "ArgumentTypeError", "check_field"]
 
 OPTIMIZERS = ("adam", "sgd")
 SCHEDULES = ("constant", "cosine")
@@ -240,11 +240,6 @@ class Config:
                 need = "a non-negative" if allow_zero else "a positive"
                 raise ValueError(f"{name} must be {need} finite number, got {v!r}")
 
-        for f in dataclasses.fields(self):
-            v, bounds = getattr(self, f.name), f.metadata["bounds"]
-            if bounds is not None and v is not None and not bounds[0] <= v <= bounds[1]:
-                need = "a positive" if bounds[0] == 1 else "a non-negative" if bounds[0] == 0 else "an"
-                raise ValueError(f"{f.name} must be {need} integer in [{bounds[0]}, {bounds[1]}], got {v!r}")
         for f in dataclasses.fields(self):  # the recipes and diagnostic_format are looked up below (aliases too)
             if f.metadata["choices"] and f.name not in _LOOKED_UP:
                 choice(f.name, f.metadata["choices"], optional=f.default is None)
@@ -381,26 +376,41 @@ class Config:
 
 
 def _check_types(config: Config) -> None:
-    """Refuse a value of the wrong type with a ValueError naming its field,
-    and normalize the numbers so that equal configs have one hash: a float
-    field holds a Python float (``lr=1`` is ``lr=1.0``, ``-0.0`` is 0.0)."""
+    """Refuse a value of the wrong type or range with an error naming its
+    field (:func:`check_field`), and normalize the numbers so that equal
+    configs have one hash: a float field holds a Python float (``lr=1`` is
+    ``lr=1.0``, ``-0.0`` is 0.0)."""
     for f in dataclasses.fields(config):
-        kind, v = str(f.type), getattr(config, f.name)
-        if v is None and kind.endswith("| None"):
-            continue
-        if isinstance(v, str) and not v.strip():
-            valid = f"; valid: {', '.join(f.metadata['choices'])}" if f.metadata["choices"] else ""
-            raise ValueError(f"{f.name} must not be an empty string{valid}")
-        if kind == "float":
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise ArgumentTypeError(f"{f.name} must be a number, got {v!r} ({type(v).__name__})")
-            object.__setattr__(config, f.name, float(v) + 0.0)
-        elif kind in ("str", "str | None") and not isinstance(v, str):
-            raise ArgumentTypeError(f"{f.name} must be a name (a string), got {v!r} ({type(v).__name__})")
-        elif kind in ("int", "int | None") and (isinstance(v, bool) or not isinstance(v, int)):
-            raise ArgumentTypeError(f"{f.name} must be an integer, got {v!r} ({type(v).__name__})")
-        elif kind == "bool" and not isinstance(v, bool):
-            raise ArgumentTypeError(f"{f.name} must be True or False, got {v!r} ({type(v).__name__})")
+        object.__setattr__(config, f.name, check_field(f.name, getattr(config, f.name)))
+
+
+def check_field(name: str, v):
+    """``v`` as a value of field ``name``, checked on its own: its type (an
+    :class:`ArgumentTypeError`), its range (``bounds=``) and, for a name, not
+    empty (ValueErrors); floats normalized. Config checks it again beside the
+    other fields; this lets a caller refuse a bad value before any work."""
+    f = Config.__dataclass_fields__[name]
+    kind = str(f.type)
+    if v is None and kind.endswith("| None"):
+        return v
+    if isinstance(v, str) and not v.strip():
+        valid = f"; valid: {', '.join(f.metadata['choices'])}" if f.metadata["choices"] else ""
+        raise ValueError(f"{name} must not be an empty string{valid}")
+    if kind == "float":
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ArgumentTypeError(f"{name} must be a number, got {v!r} ({type(v).__name__})")
+        return float(v) + 0.0
+    if kind in ("str", "str | None") and not isinstance(v, str):
+        raise ArgumentTypeError(f"{name} must be a name (a string), got {v!r} ({type(v).__name__})")
+    if kind in ("int", "int | None") and (isinstance(v, bool) or not isinstance(v, int)):
+        raise ArgumentTypeError(f"{name} must be an integer, got {v!r} ({type(v).__name__})")
+    if kind == "bool" and not isinstance(v, bool):
+        raise ArgumentTypeError(f"{name} must be True or False, got {v!r} ({type(v).__name__})")
+    bounds = f.metadata["bounds"]
+    if bounds is not None and not bounds[0] <= v <= bounds[1]:
+        need = "a positive" if bounds[0] == 1 else "a non-negative" if bounds[0] == 0 else "an"
+        raise ValueError(f"{name} must be {need} integer in [{bounds[0]}, {bounds[1]}], got {v!r}")
+    return v
 
 
 FIELD_DOCS: dict[str, str] = {f.name: f.metadata["doc"] for f in dataclasses.fields(Config)}
