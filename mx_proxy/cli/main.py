@@ -12,6 +12,7 @@ import pandas as pd
 from mx_proxy.cli.bench import BENCHMARKS, describe
 from mx_proxy.cli.config_options import add_config_options, config_from_args
 from mx_proxy.cli.experiment_commands import add_experiment_commands, add_store_options, guard, store_arg
+from mx_proxy.cli.help import cli_message
 from mx_proxy.cli.parser import Parser
 from mx_proxy.experiments import campaign, campaign_status, report, scales
 from mx_proxy.runner import loop as runner
@@ -35,9 +36,12 @@ def _train(args) -> int:
 
 
 def _figures(args) -> int:
-    store = store_arg(args)
-    written = generate(args.only, scale=args.scale, out=args.out, store=store or None, results=args.results,
-                       pdf=args.pdf, jobs=args.jobs, progress=not args.quiet)
+    try:
+        store = store_arg(args)
+        written = generate(args.only, scale=args.scale, out=args.out, store=store or None, results=args.results,
+                           pdf=args.pdf, jobs=args.jobs, progress=not args.quiet)
+    except ValueError as err:
+        args.parser.error(cli_message(str(err)))
     if written:
         print(f"{len(written)} figure file(s) in {os.path.dirname(written[0])}"
               + ("" if store is False else f"; run store: {store}"))
@@ -50,6 +54,8 @@ def _campaign(args) -> int:
     try:
         index = campaign.run(args.scale, args.out, kinds=args.only or campaign.KINDS, widths=args.widths,
                              seeds=args.seeds, progress=not args.quiet, store=not args.no_store, estimate=args.estimate)
+    except ValueError as err:
+        args.parser.error(cli_message(str(err)))
     except KeyboardInterrupt:
         print("mx-proxy campaign: interrupted; finished runs are kept in the store and results folder, "
               "and a rerun resumes", file=sys.stderr)
@@ -66,8 +72,11 @@ def _campaign(args) -> int:
 
 def _campaign_status(args) -> int:
     """``mx-proxy campaign --status``: where each planned run stands (trains nothing)."""
-    table = campaign_status.status(args.scale, args.out, widths=args.widths, seeds=args.seeds,
-                                   kinds=[k for k in (args.only or campaign.KINDS) if k != "intervention"])
+    try:
+        table = campaign_status.status(args.scale, args.out, widths=args.widths, seeds=args.seeds,
+                                       kinds=[k for k in (args.only or campaign.KINDS) if k != "intervention"])
+    except ValueError as err:
+        args.parser.error(cli_message(str(err)))
     with pd.option_context("display.width", 200, "display.max_columns", None, "display.float_format", "{:.4g}".format):
         print(table.to_string(index=False) if len(table) else "no planned runs")
     if len(table) and table["state"].isin(["training", "interrupted"]).any():
@@ -78,14 +87,17 @@ def _campaign_status(args) -> int:
 
 def _report(args) -> int:
     """``mx-proxy report``: a results folder as Markdown, or the report blocks of Markdown files rewritten."""
-    if args.update:
-        for path in args.update:
-            changed = report.update(path)
-            print(f"{path}: {'rewritten' if changed else 'already up to date'}")
-        return 0
-    if not args.results:
-        args.parser.error("give a results folder (e.g. results/paper) or --update FILE ...")
-    print(report.for_folder(args.results), end="")
+    try:
+        if args.update:
+            for path in args.update:
+                changed = report.update(path)
+                print(f"{path}: {'rewritten' if changed else 'already up to date'}")
+            return 0
+        if not args.results:
+            args.parser.error("give a results folder (e.g. results/paper) or --update FILE ...")
+        print(report.for_folder(args.results), end="")
+    except (ValueError, OSError) as err:
+        args.parser.error(cli_message(str(err)))
     return 0
 
 
@@ -180,13 +192,9 @@ def headless_backend() -> None:
 def main(argv: list[str] | None = None) -> int:
     headless_backend()
     parser = build_parser()
+    args = parser.parse_args(argv)
     try:
-        args = parser.parse_args(argv)
         return args.func(args)
-    except SystemExit as e:  # bad input: its status (2) is returned; --help exits as argparse does
-        if not e.code:
-            raise
-        return int(e.code)
     except KeyboardInterrupt:
         print(f"mx-proxy {args.command}: interrupted; results finished before the interrupt are kept", file=sys.stderr)
         return 130

@@ -18,9 +18,10 @@ from mx_proxy.store import checkpoint as ckpt
 from mx_proxy.store import run_store as _store
 from mx_proxy.training import memory as _memory
 from mx_proxy.training.config import INTERVENABLE_FIELDS  # the fields declared knob(..., intervene=True)
-from mx_proxy.training.config import ArgumentTypeError, Config, check_field
+from mx_proxy.training.config import Config, check_field
 from mx_proxy.training.engine import dynamic_for, program_for
 from mx_proxy.training.result import Run
+from mx_proxy.training.values import ArgumentTypeError, check_flags
 
 __all__ = ["intervene", "checkpoint_steps", "with_checkpoint", "replay_summary", "INTERVENABLE_FIELDS"]
 
@@ -73,8 +74,8 @@ def with_checkpoint(run: Run | str | Path, step: int, *, paired_run: bool | None
     """
     _check_step("step", step)
     if paired_run is not None:
-        runner.check_args(paired_run=paired_run)
-    runner.check_args(progress=progress)
+        check_flags(paired_run=paired_run)
+    check_flags(progress=progress)
     parent = _parent(run, "with_checkpoint")
     step = int(step)
     pc = parent.config
@@ -214,7 +215,7 @@ def intervene(run: Run | str | Path, at_step: int, recipe: str | _recipes.Recipe
     if recipe is not None and not isinstance(recipe, (str, _recipes.Recipe)):
         raise ArgumentTypeError(f"recipe must be a preset name (str), a Recipe or None, got {recipe!r} "
                         f"({type(recipe).__name__})")
-    runner.check_args(force=force, progress=progress)
+    check_flags(force=force, progress=progress)
     bad = sorted(set(changes) - set(INTERVENABLE_FIELDS))
     if bad:
         unknown = [b for b in bad if b not in Config.field_names()]

@@ -43,12 +43,13 @@ from mx_proxy.store import checkpoint as ckpt
 from mx_proxy.store import run_store as _store
 from mx_proxy.training import memory as _memory
 from mx_proxy.training import twins as _twins
-from mx_proxy.training.config import ArgumentTypeError, Config
+from mx_proxy.training.config import Config
 from mx_proxy.training.engine import Dynamic, TrainState, dynamic_for, program_for, static_key
 from mx_proxy.training.result import Run, metrics_frame, segment_length
 from mx_proxy.training.sweeps import Sweep, members
+from mx_proxy.training.values import ArgumentTypeError, check_flags
 
-__all__ = ["train", "sweep", "load", "run_members", "init_state", "Member", "hooks", "notify", "check_args"]
+__all__ = ["train", "sweep", "load", "run_members", "init_state", "Member", "hooks", "notify"]
 
 # Called with the Config of every run or sweep member actually trained (not loaded from a store).
 hooks: list[Callable[[Config], None]] = []
@@ -250,16 +251,6 @@ def _check_config(config):
         raise ArgumentTypeError(f"config must be a mxp.Config, got {type(config).__name__}")
 
 
-def check_args(on_segment=None, **flags) -> None:
-    """A TypeError naming the first of ``flags`` (``force=``, ``progress=``,
-    …) that is not True or False, or an ``on_segment`` that is not callable."""
-    for name, v in flags.items():
-        if not isinstance(v, (bool, np.bool_)):
-            raise ArgumentTypeError(f"{name} must be True or False, got {v!r} ({type(v).__name__})")
-    if on_segment is not None and not callable(on_segment):
-        raise ArgumentTypeError(f"on_segment must be a function or None, got {type(on_segment).__name__}")
-
-
 def notify(config: Config):
     """Call every hook with the config of a run that was actually trained."""
     for h in list(hooks):
@@ -307,7 +298,7 @@ def train(config: Config, *, store=None, force: bool = False, progress: bool = T
     :func:`run_members`.
     """
     _check_config(config)
-    check_args(on_segment, force=force, progress=progress)
+    check_flags(on_segment, force=force, progress=progress)
     st = _store.resolve(store)
     key = config.hash()
     if st is not None:
@@ -358,7 +349,7 @@ def sweep(config: Config, *, store=None, force: bool = False, progress: bool = T
         values, or an invalid value (the Config's own message).
     """
     _check_config(config)
-    check_args(force=force, progress=progress, shard=shard)
+    check_flags(force=force, progress=progress, shard=shard)
     if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer))):
         raise ArgumentTypeError(f"group_size must be a positive integer or None, got {group_size!r}")
     if group_size is not None and group_size < 1:

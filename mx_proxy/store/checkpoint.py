@@ -92,13 +92,26 @@ def _drop_closed_loop_noise(previous):
     return hook
 
 
+class _DropOrbaxTasks(logging.Filter):
+    """Drops asyncio's "Task exception was never retrieved" records of
+    orbax's own tasks, logged when a failed write's tasks are collected."""
+
+    def filter(self, record):
+        return not ("never retrieved" in record.getMessage() and "/orbax/" in record.getMessage())
+
+
+_DROP_ORBAX_TASKS = _DropOrbaxTasks()
+
+
 @contextlib.contextmanager
 def _quiet_orbax():
     """Run an orbax call with its failure noise held back (see the module
     docstring): absl records are replayed if the call succeeds, dropped if
-    it fails; the late "Event loop is closed" reports are dropped."""
+    it fails; the late "Event loop is closed" reports and asyncio's records
+    of orbax's failed tasks are dropped."""
     if not getattr(sys.unraisablehook, "drops_closed_loop_noise", False):
         sys.unraisablehook = _drop_closed_loop_noise(sys.unraisablehook)
+    logging.getLogger("asyncio").addFilter(_DROP_ORBAX_TASKS)  # a no-op when it is already there
     absl = logging.getLogger("absl")
     hold = _HoldRecords()
     absl.addFilter(hold)

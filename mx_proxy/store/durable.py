@@ -30,7 +30,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from mx_proxy.training.config import ArgumentTypeError
+from mx_proxy.training.values import ArgumentTypeError
 
 __all__ = ["FAULT_HOOK", "fault", "mark", "owner_gone", "tmp_name", "is_tmp", "fsync_dir", "atomic_write",
            "rename", "discard", "checked_path", "write_output", "OutputError"]

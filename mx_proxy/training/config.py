@@ -29,10 +29,11 @@ from mx_proxy.numerics import recipe_json
 from mx_proxy.numerics.quantize import MXSpec
 from mx_proxy.numerics.recipe import Recipe
 from mx_proxy.training.controllers import GNMR
+from mx_proxy.training.values import ArgumentTypeError, check_value
 
 __all__ = ["Config", "knob", "FIELD_DOCS", "CHOICES", "INTERVENABLE_FIELDS", "fields_of_kind", "STATIC", "DYNAMIC",
            "HOST", "KINDS", "OPTIMIZERS", "SCHEDULES", "GRADIENT_REFERENCES", "SCHEMA", "SEED_LIMIT", "MAX_STEPS",
-           "BOUNDS", "ArgumentTypeError", "check_field"]
+           "BOUNDS", "check_field"]
 
 OPTIMIZERS = ("adam", "sgd")
 SCHEDULES = ("constant", "cosine")
@@ -55,11 +56,6 @@ KINDS = (STATIC, DYNAMIC, HOST)
 _PRESET_NAMES = tuple(_recipes.PRESETS)
 _LOOKED_UP = ("recipe", "reference_recipe", "diagnostic_format")  # a Recipe object or a format alias is valid too
 _MX_FORMATS = tuple(n for n in _formats.names() if not _formats.get(n).is_vector)
-
-
-class ArgumentTypeError(TypeError, ValueError):
-    """A value of the wrong type (naming the argument and the types it
-    takes): a TypeError, and a ValueError as every other bad input."""
 
 
 def knob(default: Any, doc: str, *, kind: str = STATIC, choices: tuple[str, ...] | None = None,
@@ -377,40 +373,17 @@ class Config:
 
 def _check_types(config: Config) -> None:
     """Refuse a value of the wrong type or range with an error naming its
-    field (:func:`check_field`), and normalize the numbers so that equal
-    configs have one hash: a float field holds a Python float (``lr=1`` is
-    ``lr=1.0``, ``-0.0`` is 0.0)."""
+    field, and normalize the numbers so that equal configs have one hash
+    (:func:`mx_proxy.training.values.check_value`)."""
     for f in dataclasses.fields(config):
-        object.__setattr__(config, f.name, check_field(f.name, getattr(config, f.name)))
+        object.__setattr__(config, f.name, check_value(f, getattr(config, f.name)))
 
 
-def check_field(name: str, v):
-    """``v`` as a value of field ``name``, checked on its own: its type (an
-    :class:`ArgumentTypeError`), its range (``bounds=``) and, for a name, not
-    empty (ValueErrors); floats normalized. Config checks it again beside the
-    other fields; this lets a caller refuse a bad value before any work."""
-    f = Config.__dataclass_fields__[name]
-    kind = str(f.type)
-    if v is None and kind.endswith("| None"):
-        return v
-    if isinstance(v, str) and not v.strip():
-        valid = f"; valid: {', '.join(f.metadata['choices'])}" if f.metadata["choices"] else ""
-        raise ValueError(f"{name} must not be an empty string{valid}")
-    if kind == "float":
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ArgumentTypeError(f"{name} must be a number, got {v!r} ({type(v).__name__})")
-        return float(v) + 0.0
-    if kind in ("str", "str | None") and not isinstance(v, str):
-        raise ArgumentTypeError(f"{name} must be a name (a string), got {v!r} ({type(v).__name__})")
-    if kind in ("int", "int | None") and (isinstance(v, bool) or not isinstance(v, int)):
-        raise ArgumentTypeError(f"{name} must be an integer, got {v!r} ({type(v).__name__})")
-    if kind == "bool" and not isinstance(v, bool):
-        raise ArgumentTypeError(f"{name} must be True or False, got {v!r} ({type(v).__name__})")
-    bounds = f.metadata["bounds"]
-    if bounds is not None and not bounds[0] <= v <= bounds[1]:
-        need = "a positive" if bounds[0] == 1 else "a non-negative" if bounds[0] == 0 else "an"
-        raise ValueError(f"{name} must be {need} integer in [{bounds[0]}, {bounds[1]}], got {v!r}")
-    return v
+def check_field(name: str, value):
+    """``value`` of Config field ``name`` checked on its own (type, range,
+    empty names; :func:`mx_proxy.training.values.check_value`) and normalized:
+    a caller refuses a bad value before any work, Config checks it again."""
+    return check_value(Config.__dataclass_fields__[name], value)
 
 
 FIELD_DOCS: dict[str, str] = {f.name: f.metadata["doc"] for f in dataclasses.fields(Config)}

@@ -26,11 +26,20 @@ from mx_proxy.store import checkpoint as C
 from mx_proxy.store import durable
 from mx_proxy.store import run_store as S
 from mx_proxy.training import memory
-from mx_proxy.training.config import BOUNDS, ArgumentTypeError
+from mx_proxy.training.config import BOUNDS
+from mx_proxy.training.values import ArgumentTypeError
 
 BASE = mxp.Config(width=8, depth=1, batch=16, steps=20, diagnostics_every=0, val_every=0, checkpoint_every=5)
 TINY = ["--width", "8", "--depth", "1", "--batch", "16", "--steps", "5", "--diagnostics-every", "0",
         "--val-every", "0", "--quiet"]
+
+
+def status(main, argv) -> int:
+    """The exit status of ``main(argv)``: returned (a guarded failure) or raised (argparse's SystemExit)."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
 
 
 def last_error(capsys) -> str:
@@ -81,7 +90,7 @@ def _ids(case):
 
 @pytest.mark.parametrize("command, option, shown", _options(str), ids=_ids)
 def test_every_name_or_path_option_refuses_an_empty_value(command, option, shown, tmp_path, capsys, trained):
-    assert cli.main(_argv(command, tmp_path, option, "")) == 2
+    assert status(cli.main, _argv(command, tmp_path, option, "")) == 2
     line = last_error(capsys)
     assert f"{shown} was given an empty value" in line or "invalid choice: ''" in line, line
     assert trained == []
@@ -91,7 +100,7 @@ def test_every_name_or_path_option_refuses_an_empty_value(command, option, shown
 def test_every_integer_option_refuses_an_absurd_value_naming_the_range(command, option, shown, tmp_path, capsys,
                                                                        trained):
     start = time.perf_counter()
-    code = cli.main(_argv(command, tmp_path, option, str(10 ** 20)))
+    code = status(cli.main, _argv(command, tmp_path, option, str(10 ** 20)))
     line = last_error(capsys)
     assert code == 2 and "Traceback" not in line and time.perf_counter() - start < 5
     field = option.lstrip("-").replace("-", "_")
@@ -135,7 +144,7 @@ PATH_ARGS = [("train", ["--store", "{}"] + TINY), ("sweep", ["--store", "{}"] + 
 def test_a_bad_path_is_one_line_naming_it(command, args, tmp_path, capsys, trained):
     for kind, path in _bad_paths(tmp_path).items():
         argv = [command] + [a.format(path) for a in args]
-        assert cli.main(argv) == 2, kind
+        assert status(cli.main, argv) == 2, kind
         line = last_error(capsys)
         assert path.split("/")[-2] in line or path in line, (kind, line)
     assert trained == []
@@ -160,7 +169,7 @@ def test_sweep_out_on_a_full_disk_keeps_the_results_and_says_where(store, tmp_pa
     _full_disk_at(monkeypatch, "out.parquet")
     out = tmp_path / "out.parquet"
     store_arg = "off" if store == "off" else str(tmp_path / store)
-    assert exp_main(["sweep", "--lr", "1e-3", "2e-3", "--store", store_arg, "--out", str(out)] + TINY) == 2
+    assert status(exp_main, ["sweep", "--lr", "1e-3", "2e-3", "--store", store_arg, "--out", str(out)] + TINY) == 2
     line = last_error(capsys)
     kept = line.split("written to ")[1].split(" instead")[0]
     assert not out.exists() and "No space left" in line, line
@@ -173,7 +182,7 @@ def test_sweep_out_on_a_full_disk_keeps_the_results_and_says_where(store, tmp_pa
 def test_a_figure_that_cannot_be_written_is_kept_elsewhere(tmp_path, monkeypatch, capsys):
     _full_disk_at(monkeypatch, "sawtooth.png")
     argv = ["figures", "--only", "sawtooth", "--out", str(tmp_path / "figs"), "--store", "off", "--quiet"]
-    assert cli.main(argv) == 2
+    assert status(cli.main, argv) == 2
     line = last_error(capsys)
     kept = line.split("written to ")[1].split(" instead")[0]
     assert not (tmp_path / "figs" / "sawtooth.png").exists() and open(kept, "rb").read(4) == b"\x89PNG", line
@@ -186,7 +195,7 @@ def test_a_report_that_cannot_be_written_is_kept_elsewhere(tmp_path, monkeypatch
     readme = tmp_path / "README.md"
     readme.write_text("<!-- mx-proxy report results/medium -->\nold\n<!-- end of report -->\n")
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["report", "--update", str(readme)]) == 2
+    assert status(cli.main, ["report", "--update", str(readme)]) == 2
     line = last_error(capsys)
     kept = line.split("written to ")[1].split(" instead")[0]
     assert readme.read_text().endswith("old\n<!-- end of report -->\n") and "Width 128" in open(kept).read()
@@ -197,7 +206,7 @@ def test_a_damaged_campaign_result_is_one_line_naming_it(tmp_path, capsys):
     shutil.copytree("results/medium", tmp_path / "medium")
     (meta,) = (tmp_path / "medium").glob("paired-*paper_e4m3*/run.json")
     meta.write_text(json.dumps(dict(json.loads(meta.read_text()), steps_run="7000")))
-    assert cli.main(["report", str(tmp_path / "medium")]) == 2
+    assert status(cli.main, ["report", str(tmp_path / "medium")]) == 2
     line = last_error(capsys)
     assert str(meta) in line and "'steps_run' must be an integer" in line, line
 
