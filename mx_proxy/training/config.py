@@ -29,7 +29,7 @@ from mx_proxy.numerics import recipe_json
 from mx_proxy.numerics.quantize import MXSpec
 from mx_proxy.numerics.recipe import Recipe
 from mx_proxy.training.controllers import GNMR
-from mx_proxy.training.values import ArgumentTypeError, check_value
+from mx_proxy.training.values import check_value
 
 __all__ = ["Config", "knob", "FIELD_DOCS", "CHOICES", "INTERVENABLE_FIELDS", "fields_of_kind", "STATIC", "DYNAMIC",
            "HOST", "KINDS", "OPTIMIZERS", "SCHEDULES", "GRADIENT_REFERENCES", "SCHEMA", "SEED_LIMIT", "MAX_STEPS",
