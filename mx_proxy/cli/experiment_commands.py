@@ -24,9 +24,11 @@ from pathlib import Path
 import jax
 
 from mx_proxy.cli.config_options import add_config_options, config_changes
-from mx_proxy.cli.help import PlainFormatter, cli_message
+from mx_proxy.cli.help import cli_message
+from mx_proxy.cli.parser import Parser
 from mx_proxy.numerics.recipe import MITIGATIONS
 from mx_proxy.runner import interventions, loop as runner
+from mx_proxy.store import durable
 from mx_proxy.training.config import Config
 
 __all__ = ["add_experiment_commands", "sweep_axes", "main", "add_store_options", "store_arg",
@@ -65,12 +67,10 @@ def store_arg(args):
 def check_out(path) -> Path:
     """``--out FILE`` checked before any training: a .parquet or .csv file in
     an existing, writable folder (not a folder itself)."""
-    out = Path(path).expanduser()
+    out = durable.checked_path(path, "--out", folder=False)
     if out.suffix not in (".parquet", ".csv"):
         raise ValueError(f"--out {path}: the file name must end in .parquet or .csv")
-    if out.is_dir():
-        raise ValueError(f"--out {path} is a folder; name a .parquet or .csv file")
-    parent = out.parent if str(out.parent) else Path(".")
+    parent = out.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(f"--out {path}: the folder {parent} does not exist or is not writable")
     if out.exists() and not os.access(out, os.W_OK):
@@ -109,11 +109,14 @@ def _cmd_sweep(args) -> int:
     finally:
         runner.hooks.remove(trained.append)
     print(result.summary())
-    where = "" if store is False else f"; stored in {Path(result.runs[0].path).parent}"
-    print(f"{len(result)} members ({len(trained)} trained, {len(result) - len(trained)} loaded){where}")
+    stored = None if store is False else Path(result.runs[0].path).parent
+    print(f"{len(result)} members ({len(trained)} trained, {len(result) - len(trained)} loaded)"
+          + ("" if stored is None else f"; stored in {stored}"))
     if out is not None:
         frame = result.to_frame()
-        frame.to_csv(out, index=False) if out.suffix == ".csv" else frame.to_parquet(out, index=False)
+        durable.write_output(out, lambda p: frame.to_csv(p, index=False) if out.suffix == ".csv"
+                             else frame.to_parquet(p, index=False),
+                             elsewhere="" if stored is None else f"every member is also in the run store {stored}")
         print(f"metrics of all members written to {out}")
     return 0
 
@@ -204,16 +207,6 @@ def add_experiment_commands(subparsers) -> None:
 
 def main(argv=None) -> int:
     """Run ``sweep`` / ``intervene`` standalone; returns the exit status."""
-
-    class Parser(argparse.ArgumentParser):
-        def __init__(self, *a, **kw):
-            kw.setdefault("formatter_class", PlainFormatter)
-            super().__init__(*a, **kw)
-
-        def error(self, message):
-            self.print_usage(sys.stderr)
-            print(f"{self.prog}: error: {message}", file=sys.stderr)
-            raise SystemExit(2)
 
     parser = Parser(prog="mx-proxy")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)

@@ -9,7 +9,7 @@ import dataclasses
 import re
 import textwrap
 
-from mx_proxy.training.config import CHOICES, FIELD_DOCS, Config
+from mx_proxy.training.config import BOUNDS, CHOICES, FIELD_DOCS, Config
 from mx_proxy.viz.text import plain
 
 __all__ = ["plain", "config_help", "PlainFormatter", "cli_message", "flag"]
@@ -67,6 +67,8 @@ def config_help(name: str, *, multi: bool = False) -> str:
         parts.append("true or false")
     elif name == "checkpoint_at":
         parts.append("one or more steps")
+    elif name in BOUNDS:
+        parts.append(f"an integer in [{BOUNDS[name][0]}, {BOUNDS[name][1]}]")
     if multi and name != "checkpoint_at":
         parts.append("several values: a sweep axis")
     parts.append(f"default: {_default(f)}")

@@ -13,19 +13,11 @@ from mx_proxy.cli.bench import BENCHMARKS, describe
 from mx_proxy.cli.config_options import add_config_options, config_from_args
 from mx_proxy.cli.ensemble_command import add_ensemble_command
 from mx_proxy.cli.experiment_commands import add_experiment_commands, add_store_options, guard, store_arg
-from mx_proxy.cli.help import PlainFormatter, cli_message
+from mx_proxy.cli.help import cli_message
+from mx_proxy.cli.parser import Parser
 from mx_proxy.experiments import campaign, campaign_status, report, scales
 from mx_proxy.runner import loop as runner
 from mx_proxy.viz.figures import FIGURE_DOCS, FIGURES, campaign_figures, default_dir, generate
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse exits with status 2 on bad input and names the valid choices;
-    help texts are plain terminal text (:class:`mx_proxy.cli.help.PlainFormatter`)."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", PlainFormatter)
-        super().__init__(*args, **kwargs)
 
 
 def _bench(args) -> int:
@@ -111,8 +103,8 @@ def _report(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="mx-proxy", description="MX low-precision training workbench")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog="mx-proxy", description="MX low-precision training workbench")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     add_experiment_commands(sub)
     listing = "\n".join(f"  {name:<9} {describe(name)}" for name in BENCHMARKS)
     bench = sub.add_parser("bench", help="run a benchmark and print measured ratios",
@@ -146,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "started; steps done, its metrics so far, the time left)")
     camp.add_argument("--no-store", action="store_true",
                       help="keep the runs in memory (no OUT/runs: nothing to resume from); results are still written")
-    camp.set_defaults(func=_campaign, parser=camp)
+    camp.set_defaults(func=guard(_campaign), parser=camp)
     add_ensemble_command(sub)
 
     rep = sub.add_parser(
@@ -161,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("results", nargs="?", help="a results folder (OUT/results of a campaign or an ensemble, e.g. "
                                                 "results/paper)")
     rep.add_argument("--update", nargs="+", metavar="FILE", help="Markdown files whose report blocks to rewrite")
-    rep.set_defaults(func=_report, parser=rep)
+    rep.set_defaults(func=guard(_report), parser=rep)
 
     listing = "\n".join(f"  {name:<22} {FIGURE_DOCS[name]}" for name in FIGURES)
     figures = sub.add_parser(
@@ -186,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "1: everything in this process)")
     figures.add_argument("--quiet", action="store_true", help="no progress bar")
     add_store_options(figures, train=False, default=str(default_dir("runs")))
-    figures.set_defaults(func=_figures, parser=figures)
+    figures.set_defaults(func=guard(_figures), parser=figures)
     return parser
 
 

@@ -119,9 +119,7 @@ def read(folder) -> Branch:
     if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
         raise ValueError(f"{ckpt.step_dir(folder, step) / 'meta.json'} has no branch provenance: not a branch state")
     config = Config.from_dict(meta["config"])
-    state, metrics = ckpt.restore(folder, step, ckpt.template(program_for(config), dynamic_for(config)))
-    if metrics is None:
-        raise ValueError(f"branch state {folder} lacks the metrics of steps 0…{step - 1}")
+    state, metrics = ckpt.restore(folder, step, ckpt.template(program_for(config), dynamic_for(config)), config)
     key = f"{meta.get('parent_key')}@{step}"
     return Branch(config, step, state, metrics, key, meta)
 

@@ -39,6 +39,7 @@ import pandas as pd
 
 from mx_proxy.experiments import analysis, scales as _scales
 from mx_proxy.runner import interventions, loop as runner
+from mx_proxy.store import durable, files
 from mx_proxy.store import run_store as _store
 from mx_proxy.training import twins
 from mx_proxy.training.config import Config
@@ -141,9 +142,7 @@ def export(run_: Run, label: str, kind: str, results: str | os.PathLike) -> Path
     for name, write in (("metrics.parquet", lambda p: run_.metrics.to_parquet(p, index=False)),
                         ("config.json", lambda p: Path(p).write_text(run_.config.to_json())),
                         ("run.json", lambda p: Path(p).write_text(json.dumps(meta, indent=1, default=str)))):
-        tmp = folder / f".{name}.tmp"
-        write(tmp)
-        os.replace(tmp, folder / name)
+        durable.atomic_write(folder / name, write)
     return folder
 
 
@@ -177,12 +176,26 @@ def load_results(results: str | os.PathLike, kinds: Iterable[str] = KINDS) -> li
 
 def load_result(folder: str | os.PathLike) -> Run:
     """One exported run (``results/<label>/``) as a :class:`Run` without
-    parameters; ``info`` holds its ``run.json`` fields."""
+    parameters; ``info`` holds its ``run.json`` fields. Every file is
+    verified (:mod:`mx_proxy.store.files`): a damaged one is a ValueError naming it."""
     folder = Path(folder)
-    meta = json.loads((folder / "run.json").read_text())
-    cfg = Config.from_dict(json.loads((folder / "config.json").read_text()))
-    metrics = pd.read_parquet(folder / "metrics.parquet")
+    meta = files.read_json(folder / "run.json", files.RESULT_META)
+    cfg = files.read_config(folder / "config.json")
+    metrics = files.read_metrics(folder / "metrics.parquet", meta["steps_run"], cfg)
     return Run(cfg, metrics, meta["diverged_at"], None, meta.get("wall_time_s") or 0.0, dict(meta), str(folder))
+
+
+def _of_widths(entries: list, widths, scale: str) -> list:
+    """The planned ``entries`` of ``widths`` (all for None); a width the
+    campaign does not plan is a ValueError naming those it does."""
+    if widths is None:
+        return entries
+    planned = sorted({e.config.width for e in entries})
+    unknown = sorted(set(widths) - set(planned))
+    if unknown:
+        raise ValueError(f"campaign {scale!r} plans no run of width {', '.join(map(str, unknown))}; its widths: "
+                         f"{', '.join(map(str, planned))}")
+    return [e for e in entries if e.config.width in set(widths)]
 
 
 def run(scale: str | _scales.Scale, out: str | os.PathLike, *, kinds: Iterable[str] = KINDS,
@@ -204,12 +217,9 @@ def run(scale: str | _scales.Scale, out: str | os.PathLike, *, kinds: Iterable[s
     """
     s = _scales.with_seeds(scale, seeds)
     kinds = _check_kinds(kinds)
-    out = Path(out).resolve()
+    out = durable.checked_path(out, "campaign folder", folder=True)
     store, results = (out / "runs" if store else None), out / "results"
-    entries = plan(s, kinds)
-    if widths is not None:
-        widths = set(widths)
-        entries = [e for e in entries if e.config.width in widths]
+    entries = _of_widths(plan(s, kinds), widths, s.name)
     groups: dict = {}
     for e in entries:  # one sweep per (kind, program): LRs and seeds vmapped; paired recipes share their FP32 run
         key = (e.kind, e.config.replace(lr=1.0, seed=0, reference_seed=None))
@@ -261,7 +271,7 @@ def run(scale: str | _scales.Scale, out: str | os.PathLike, *, kinds: Iterable[s
             train_groups(kind)
     index = results_index(results)
     if len(index):
-        index.to_csv(results / "index.csv", index=False)
+        durable.atomic_write(results / "index.csv", lambda p: index.to_csv(p, index=False))
     return index
 
 

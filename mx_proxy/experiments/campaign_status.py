@@ -27,7 +27,8 @@ from mx_proxy.experiments import analysis
 from mx_proxy.experiments import campaign as _campaign
 from mx_proxy.experiments import scales as _scales
 from mx_proxy.store import checkpoint as ckpt
-from mx_proxy.store import files
+from mx_proxy.store import durable, files
+from mx_proxy.training.config import Config
 from mx_proxy.training.result import Run
 
 __all__ = ["STATES", "status", "partial_metrics"]
@@ -50,17 +51,20 @@ def _newest(run_folders: list[Path]) -> tuple[Path, int] | None:
     return best
 
 
-def partial_metrics(out: str | os.PathLike, key: str) -> tuple[pd.DataFrame, int, Path] | None:
+def partial_metrics(out: str | os.PathLike, config: Config) -> tuple[pd.DataFrame, int, Path] | None:
     """(metrics of every step before the newest checkpoint, that step, its
-    training folder) of the run with store key ``key`` in ``out/runs``, or
-    ``None`` when no training folder holds a checkpoint."""
+    training folder) of the run of ``config`` in ``out/runs``, or ``None``
+    when no training folder holds a checkpoint; metrics that fail their
+    checks (:func:`mx_proxy.store.files.read_metrics`) are left out (steps only)."""
     runs = Path(out) / "runs"
-    found = _newest(sorted(runs.glob(f"{key}.partial-*")))
+    found = _newest(sorted(runs.glob(f"{config.hash()}.partial-*")))
     if found is None:
         return None
     folder, step = found
-    table = ckpt.step_dir(folder / "checkpoints", step) / "metrics.parquet"
-    metrics = pd.read_parquet(table) if table.exists() else pd.DataFrame({"step": np.arange(step)})
+    try:
+        metrics = files.read_metrics(ckpt.step_dir(folder / "checkpoints", step) / "metrics.parquet", step, config)
+    except files.EntryError:
+        metrics = pd.DataFrame({"step": np.arange(step)})
     return metrics, step, folder
 
 
@@ -102,7 +106,7 @@ def status(scale: str | _scales.Scale, out: str | os.PathLike,
         row = {"label": e.label, "kind": e.kind, "state": "not started", "step": 0, "steps": e.config.steps,
                "diverged_at": pd.NA}
         done = out / "results" / e.label
-        partial = partial_metrics(out, e.config.hash())
+        partial = partial_metrics(out, e.config)
         if (done / "run.json").exists():
             run = _campaign.load_result(done)
             row.update(state="done", step=run.info["steps_run"], s_per_step=float("nan"), eta_h=0.0,
@@ -110,7 +114,7 @@ def status(scale: str | _scales.Scale, out: str | os.PathLike,
         elif partial is not None:
             metrics, step, folder = partial
             run = Run(e.config, metrics, None)
-            alive = not files.owner_gone(folder.name.rsplit(".partial-", 1)[1])
+            alive = not durable.owner_gone(folder.name.rsplit(".partial-", 1)[1])
             sec = _seconds_per_step(folder)
             row.update(state="training" if alive else "interrupted", step=step, s_per_step=sec,
                        eta_h=sec * (e.config.steps - step) / 3600)

@@ -46,7 +46,6 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing as mp
 import time
-import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -57,9 +56,11 @@ from mx_proxy.experiments import campaign
 from mx_proxy.experiments.ensemble_spec import (CONTROL, HISTORY, HISTORY_FILE, KINDS, SPEC_FILE, TWIN, Ensemble,
                                                 arm_names, default_out, member_key, member_label, positive_int, read_spec,
                                                 write_spec)
+from mx_proxy.numerics import recipe_json
+from mx_proxy.numerics.recipe import MITIGATIONS
 from mx_proxy.runner import interventions, loop as runner
 from mx_proxy.store import checkpoint as ckpt
-from mx_proxy.store import files
+from mx_proxy.store import durable
 from mx_proxy.store import run_store as _store
 from mx_proxy.training import memory as _memory
 from mx_proxy.training.config import Config
@@ -81,8 +82,11 @@ def _info(spec: Ensemble, arm: str, i: int, key: str, parent: str | None) -> dic
     info = {"key": key, "ensemble": {"name": spec.name, "kind": spec.kind, "arm": arm, "member": i,
                                      **spec.perturbation(i)}}
     if spec.kind == "branch":
-        info.update(parent=parent, intervention={"at_step": spec.branch_at, "apply": [arm]},
-                    perturbation=spec.perturbation(i))
+        config = spec.config(arm, i)
+        applied = [arm] if arm in MITIGATIONS else []
+        info.update(parent=parent, perturbation=spec.perturbation(i),
+                    intervention={"at_step": spec.branch_at, "recipe": recipe_json.to_json(config.recipe),
+                                  "apply": applied, "changes": {"data_seed": config.data_seed}})
     return info
 
 
@@ -91,10 +95,9 @@ def _resume(config: Config, sink: ckpt.CheckpointSink, at: int) -> tuple | None:
     ``at`` this member's own config wrote; damaged ones are dropped."""
     for step in reversed([s for s in sink.steps() if s <= at and sink.meta(s).get("config_hash") == config.hash()]):
         try:
-            state, past = sink.restore(step, ckpt.template(program_for(config), dynamic_for(config)))
+            state, past = sink.restore(step, ckpt.template(program_for(config), dynamic_for(config)), config)
         except ckpt.CheckpointError as e:
-            warnings.warn(f"{e}; dropped, resuming from an earlier one", _store.StoreWarning, stacklevel=3)
-            ckpt.drop(sink.directory, step)
+            ckpt.set_aside(sink.directory, step, str(e))
             continue
         return state, past, step, float(sink.meta(step).get("wall_time_s", 0.0))
     return None
@@ -210,7 +213,7 @@ def export(spec: Ensemble, arm: str, runs: dict[int, Run], results) -> None:
             view = dataclasses.replace(r, metrics=m, info=dict(r.info, history_from=int(m["step"].iloc[0])))
             campaign.export(view, member_label(name, i), "ensemble", results)
     index = campaign.results_index(results)
-    files.atomic_write(results / "index.csv", lambda p: index.to_csv(p, index=False))
+    durable.atomic_write(results / "index.csv", lambda p: index.to_csv(p, index=False))
 
 
 # --------------------------------------------------------------------------- the whole ensemble
@@ -262,7 +265,7 @@ def prepare(spec: Ensemble, out, source=None) -> Path:
         hist = out / "results" / HISTORY_FILE
         if not hist.exists():
             cols = ["step", "loss"] + [c for c in b.metrics if c == "ref_loss" or c.startswith("grad_norm/block_")]
-            files.atomic_write(hist, lambda p: b.metrics[cols].to_parquet(p, index=False))
+            durable.atomic_write(hist, lambda p: b.metrics[cols].to_parquet(p, index=False))
     return out
 
 

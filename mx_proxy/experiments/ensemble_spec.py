@@ -18,7 +18,7 @@ import numpy as np
 
 from mx_proxy.numerics import recipe as _recipes
 from mx_proxy.numerics.recipe_type import Recipe
-from mx_proxy.store import files
+from mx_proxy.store import durable
 from mx_proxy.store import run_store as _store
 from mx_proxy.training.config import SEED_LIMIT, Config
 
@@ -212,7 +212,7 @@ def write_spec(spec: Ensemble, results: Path) -> None:
             raise ValueError(f"{path} holds another ensemble (differs in {', '.join(diff)}); use another --out, "
                              f"or the same settings to resume it")
         return
-    files.atomic_write(path, lambda p: Path(p).write_text(text))
+    durable.atomic_write(path, lambda p: Path(p).write_text(text))
 
 
 def member_key(spec: Ensemble, arm: str, i: int, parent: str | None) -> str:

@@ -17,7 +17,7 @@ import pandas as pd
 
 from mx_proxy.experiments import ensemble as _ens
 from mx_proxy.store import checkpoint as ckpt
-from mx_proxy.store import files
+from mx_proxy.store import durable
 
 __all__ = ["status"]
 
@@ -32,7 +32,7 @@ def _member_progress(root: Path, key: str, start: int) -> tuple[str, int, float 
             continue
         step = found[-1]
         wall = ckpt.meta(cdir, step).get("wall_time_s")
-        state = "interrupted" if files.owner_gone(part.name.rsplit(".partial-", 1)[1]) else "training"
+        state = "interrupted" if durable.owner_gone(part.name.rsplit(".partial-", 1)[1]) else "training"
         rate = float(wall) / (step - start) if wall and step > start else None
         if step >= best[1]:
             best = (state, step, rate)

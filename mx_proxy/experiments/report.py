@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from mx_proxy.experiments import analysis, campaign, ensemble_report
+from mx_proxy.store import durable
 from mx_proxy.training.result import Run
 
 __all__ = ["markdown", "for_folder", "blocks", "update", "BEGIN", "END"]
@@ -228,9 +229,9 @@ def update(path: str | os.PathLike) -> bool:
     """Rewrite every report block of the Markdown file ``path`` from its
     results folder (relative to the current directory); returns whether the
     file changed."""
-    path = Path(path)
+    path = durable.checked_path(path, "Markdown file", folder=False)
     old = path.read_text()
     text = _block_pattern().sub(lambda m: f"{BEGIN.format(m.group(1))}\n{for_folder(m.group(1))}{END}", old)
     if text != old:
-        path.write_text(text)
+        durable.write_output(path, lambda p: p.write_text(text))
     return text != old

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterable
 
@@ -16,9 +17,11 @@ from mx_proxy.runner import loop as runner
 from mx_proxy.store import checkpoint as ckpt
 from mx_proxy.store import run_store as _store
 from mx_proxy.training import memory as _memory
-from mx_proxy.training.config import INTERVENABLE_FIELDS, Config  # the fields declared knob(..., intervene=True)
+from mx_proxy.training.config import INTERVENABLE_FIELDS  # the fields declared knob(..., intervene=True)
+from mx_proxy.training.config import Config, check_field
 from mx_proxy.training.engine import TrainState, dynamic_for, program_for
 from mx_proxy.training.result import Run
+from mx_proxy.training.values import ArgumentTypeError, check_flags
 
 __all__ = ["intervene", "continue_state", "state_at", "checkpoint_steps", "with_checkpoint", "replay_summary", "INTERVENABLE_FIELDS"]
 
@@ -75,11 +78,11 @@ def with_checkpoint(run: Run | str | Path, step: int, *, paired_run: bool | None
         ``gradient_reference="paired_run"``, or the replay diverging before
         ``step``.
     """
-    parent = _store.load_dir(run) if isinstance(run, (str, Path)) else run
-    if not isinstance(parent, Run):
-        raise ValueError(f"with_checkpoint needs a mxp.Run or a stored run folder, got {type(run).__name__}")
-    if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
-        raise ValueError(f"step must be an integer step, got {step!r}")
+    _check_step("step", step)
+    if paired_run is not None:
+        check_flags(paired_run=paired_run)
+    check_flags(progress=progress)
+    parent = _parent(run, "with_checkpoint")
     step = int(step)
     pc = parent.config
     last = pc.steps if parent.diverged_at is None else parent.diverged_at
@@ -125,6 +128,36 @@ def with_checkpoint(run: Run | str | Path, step: int, *, paired_run: bool | None
               parent.path)  # a continuation lands next to the run's folder
     out.checkpoints = {step: replay.checkpoints[step]}
     return out
+
+
+def _check_step(name: str, step) -> None:
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
+        raise ArgumentTypeError(f"{name} must be an integer step, got {step!r} ({type(step).__name__})")
+
+
+def _parent(run, who: str) -> Run:
+    """The parent run: ``run`` itself, or the stored run in folder ``run``."""
+    if isinstance(run, (str, os.PathLike)):
+        return _store.load_dir(run)
+    if not isinstance(run, Run):
+        raise ArgumentTypeError(f"{who} needs a mxp.Run or a stored run folder (str or os.PathLike), got "
+                        f"{type(run).__name__}")
+    return run
+
+
+def _mitigations(apply) -> list[str]:
+    """``apply`` (a mitigation name or an iterable of names) as a list, each checked."""
+    if isinstance(apply, str):
+        apply = [apply]
+    elif not isinstance(apply, (list, tuple, set, frozenset)):
+        raise ArgumentTypeError(f"apply must be a mitigation name or a list of names (valid: "
+                        f"{', '.join(_recipes.MITIGATIONS)}), got {apply!r} ({type(apply).__name__})")
+    for name in apply:
+        if not isinstance(name, str):
+            raise ArgumentTypeError(f"apply must hold mitigation names (str), got {name!r} ({type(name).__name__})")
+        if name not in _recipes.MITIGATIONS:
+            raise ValueError(f"unknown mitigation {name!r}; valid: {', '.join(_recipes.MITIGATIONS)}")
+    return list(apply)
 
 
 def replay_summary(replay: dict, step: int, whose: str = "the run's") -> str:
@@ -208,23 +241,24 @@ def intervene(run: Run | str | Path, at_step: int, recipe: str | _recipes.Recipe
         the available ones), an unknown mitigation, or a field that cannot
         change mid-run.
     """
-    applied = [apply] if isinstance(apply, str) else list(apply)
-    for name in applied:
-        if name not in _recipes.MITIGATIONS:
-            raise ValueError(f"unknown mitigation {name!r}; valid: {', '.join(_recipes.MITIGATIONS)}")
-    parent = _store.load_dir(run) if isinstance(run, (str, Path)) else run
-    if not isinstance(parent, Run):
-        raise ValueError(f"intervene needs a mxp.Run or a stored run folder, got {type(run).__name__}")
+    applied = _mitigations(apply)
+    _check_step("at_step", at_step)
+    if recipe is not None and not isinstance(recipe, (str, _recipes.Recipe)):
+        raise ArgumentTypeError(f"recipe must be a preset name (str), a Recipe or None, got {recipe!r} "
+                        f"({type(recipe).__name__})")
+    check_flags(force=force, progress=progress)
     bad = sorted(set(changes) - set(INTERVENABLE_FIELDS))
     if bad:
         unknown = [b for b in bad if b not in Config.field_names()]
         what = "unknown config field(s)" if unknown else "field(s) that cannot change mid-run"
         raise ValueError(f"intervene: {what} {bad}; changeable: {', '.join(INTERVENABLE_FIELDS)}")
+    for name, value in changes.items():  # each value on its own before the parent is read
+        if name != "checkpoint_at":
+            check_field(name, value)
+    parent = _parent(run, "intervene")
     pc = parent.config
     sink = _parent_sink(parent)
     available = sink.steps()
-    if isinstance(at_step, bool) or not isinstance(at_step, (int, np.integer)):
-        raise ValueError(f"at_step must be an integer step, got {at_step!r}")
     at_step = int(at_step)
     last = pc.steps if parent.diverged_at is None else parent.diverged_at
     if not 0 < at_step <= last:
@@ -245,7 +279,7 @@ def intervene(run: Run | str | Path, at_step: int, recipe: str | _recipes.Recipe
     if child.diagnostics_every and at_step % child.diagnostics_every:
         raise ValueError(f"at_step {at_step} must be a multiple of diagnostics_every ({child.diagnostics_every})")
 
-    _memory.check(child)
+    _memory.check(child, checkpoints_in_memory=store is False or (store is None and parent.path is None))
     parent_key = parent.info.get("key", pc.hash())
     key = _store.entry_key(child, parent_key, at_step)
     if store is None and parent.path is not None:  # next to its parent
@@ -265,7 +299,7 @@ def intervene(run: Run | str | Path, at_step: int, recipe: str | _recipes.Recipe
     history = parent.metrics[parent.metrics["step"] < at_step].reset_index(drop=True)
     info = {"key": key, "parent": parent_key, "parent_path": parent.path,
             "intervention": {"at_step": at_step, "recipe": recipe_json.to_json(new_recipe), "apply": applied,
-                             "changes": {k: v for k, v in changes.items() if k != "recipe"}, "reset": reset}}
+                             "changes": {k: v for k, v in child.to_dict().items() if k in changes}, "reset": reset}}
     if "replay" in parent.info:  # the state at at_step was recomputed (with_checkpoint)
         info["intervention"]["replay"] = parent.info["replay"]
     csink = ckpt.CheckpointSink(st.checkpoint_dir(key)) if st is not None else ckpt.CheckpointSink(memory={})

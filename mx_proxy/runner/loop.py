@@ -47,6 +47,7 @@ from mx_proxy.training.config import Config
 from mx_proxy.training.engine import Dynamic, TrainState, dynamic_for, program_for, static_key
 from mx_proxy.training.result import Run, metrics_frame, segment_length
 from mx_proxy.training.sweeps import Sweep, members
+from mx_proxy.training.values import ArgumentTypeError, check_flags
 
 __all__ = ["train", "sweep", "load", "run_members", "init_state", "Member", "hooks", "notify"]
 
@@ -218,10 +219,9 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
             host = jax.device_get(state)
             spent = (time.perf_counter() - t0) / M
             for i in active:
-                member = unstack(host, i)
-                group[i].sink.save(t, member, pd.concat(frames[i], ignore_index=True),
-                                   dict(meta, config_hash=group[i].config.hash(), parent=group[i].info.get("parent"),
-                                        wall_time_s=group[i].wall_before + spent))
+                _checkpoint(group[i], t, unstack(host, i), frames[i],
+                            dict(meta, config_hash=group[i].config.hash(), parent=group[i].info.get("parent"),
+                                 wall_time_s=group[i].wall_before + spent))
         diverged = np.asarray(state.diverged).reshape(-1)
         for i in active:
             stopped[i] = bool(diverged[i])
@@ -233,12 +233,22 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
     return [_finish(g, unstack(host, i), frames[i], wall) for i, g in enumerate(group)]
 
 
+def _checkpoint(member: Member, t: int, state, frames, meta: dict) -> None:
+    """Save ``member``'s checkpoint at step ``t``; one that cannot be written
+    (a full disk) is one warning, and the run goes on without it."""
+    try:
+        member.sink.save(t, state, pd.concat(frames, ignore_index=True), meta)
+    except OSError as e:
+        warnings.warn(f"{e.strerror or e}; the run goes on without it (a rerun resumes from an earlier checkpoint, "
+                      f"or trains again)", _store.StoreWarning, stacklevel=3)
+
+
 # --------------------------------------------------------------------------- train / sweep / intervene
 
 
 def _check_config(config):
     if not isinstance(config, Config):
-        raise ValueError(f"expected a mxp.Config, got {type(config).__name__}")
+        raise ArgumentTypeError(f"config must be a mxp.Config, got {type(config).__name__}")
 
 
 def notify(config: Config):
@@ -251,28 +261,27 @@ def _prepare_member(config: Config, st: "_store.Store | None", key: str, force: 
                     at: int | None = None) -> Member:
     """A fresh member of ``config``, resumed from its last checkpoint in the
     store's training folder when there is one of this code and config (the
-    last one at or before step ``at`` when given)."""
+    last one at or before step ``at`` when given); a checkpoint that fails
+    its checks is moved aside and the next newest tried."""
     state, teacher = init_state(config)
     info = {"key": key}
     if st is None:
         return Member(config, state, teacher, ckpt.CheckpointSink(memory={}), info=info)
     st.prepare(key, fresh=force)
     sink = ckpt.CheckpointSink(st.checkpoint_dir(key))
-    done = [s for s in sink.steps() if s <= (config.steps if at is None else at)
-            and sink.meta(s).get("config_hash") == config.hash()]
-    frames, start, wall = [], 0, 0.0
-    for step in reversed(done):  # the newest checkpoint that restores; a damaged one is dropped
+    for step in reversed([s for s in sink.steps() if s <= (config.steps if at is None else at)]):
         try:
-            state, past = sink.restore(step, ckpt.template(program_for(config), dynamic_for(config)))
+            meta = sink.meta(step)
+            if meta.get("config_hash") != config.hash():
+                continue
+            state, past = sink.restore(step, ckpt.template(program_for(config), dynamic_for(config)), config)
         except ckpt.CheckpointError as e:
-            warnings.warn(f"{e}; dropped, resuming from an earlier one", _store.StoreWarning, stacklevel=3)
-            ckpt.drop(sink.directory, step)
+            ckpt.set_aside(sink.directory, step, str(e))
             continue
-        frames = [past] if past is not None and len(past) else []
-        info["resumed_from"] = start = step
-        wall = float(sink.meta(step).get("wall_time_s", 0.0))  # the stretches before this one
-        break
-    return Member(config, state, teacher, sink, start, frames, info, wall)
+        info["resumed_from"] = step
+        wall = float(meta.get("wall_time_s", 0.0))  # the stretches before this one
+        return Member(config, state, teacher, sink, step, [past], info, wall)
+    return Member(config, state, teacher, sink, 0, [], info, 0.0)
 
 
 def train(config: Config, *, store=None, force: bool = False, progress: bool = True,
@@ -289,6 +298,7 @@ def train(config: Config, *, store=None, force: bool = False, progress: bool = T
     :func:`run_members`.
     """
     _check_config(config)
+    check_flags(on_segment, force=force, progress=progress)
     st = _store.resolve(store)
     key = config.hash()
     if st is not None:
@@ -298,7 +308,7 @@ def train(config: Config, *, store=None, force: bool = False, progress: bool = T
             run = st.load(key)
             if run is not None:
                 return run
-    _memory.check(config)
+    _memory.check(config, checkpoints_in_memory=st is None)
     member = _prepare_member(config, st, key, force)
     with tqdm(total=config.steps, initial=member.start, disable=not progress, desc=config.recipe.name, unit="step",
               leave=False) as bar:
@@ -339,9 +349,12 @@ def sweep(config: Config, *, store=None, force: bool = False, progress: bool = T
         values, or an invalid value (the Config's own message).
     """
     _check_config(config)
-    axes, configs = members(config, axes)
-    if group_size is not None and (not isinstance(group_size, int) or group_size < 1):
+    check_flags(force=force, progress=progress, shard=shard)
+    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer))):
+        raise ArgumentTypeError(f"group_size must be a positive integer or None, got {group_size!r}")
+    if group_size is not None and group_size < 1:
         raise ValueError(f"group_size must be a positive integer or None, got {group_size!r}")
+    axes, configs = members(config, axes)
     st = _store.resolve(store)
     if st is not None:
         st.check_writable()
@@ -368,7 +381,7 @@ def sweep(config: Config, *, store=None, force: bool = False, progress: bool = T
         size = group_size or len(ks)
         chunks += [(ks[i:i + size], False) for i in range(0, len(ks), size)]
     for ks, _ in chunks:
-        _memory.check(todo[ks[0]], members=len(ks))
+        _memory.check(todo[ks[0]], members=len(ks), checkpoints_in_memory=st is None)
     total = sum(c.steps for c in todo.values())
     with tqdm(total=total, disable=not progress or not total, desc=f"sweep ({len(todo)} to train)", unit="step",
               leave=False) as bar:

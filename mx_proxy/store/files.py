@@ -1,114 +1,67 @@
-"""The files of a run-store entry: durable writes and one verified reader.
+"""The one verified reader of every file the run store and a checkpoint read.
 
-Every file of an entry (``run.json``, ``config.json``, ``metrics.parquet``,
-``params.npz``) is written by :func:`atomic_write` (a temporary sibling,
-fsync'ed, renamed into place, the folder fsync'ed) and read back only by
-:func:`read_entry`, which checks each one: ``run.json`` is an object whose
-fields have their types, the config parses, the metrics hold exactly the
-rows a run of that config (and divergence) has, one per step from 0, and the
-parameters exist. Any failure is an :class:`EntryError` (a ValueError)
-naming the file at fault.
+Nothing read from disk is used before it is checked here; each failure is an
+:class:`EntryError` (a ValueError) naming the file and what is wrong with it:
+
+- JSON files (an entry's ``run.json``, a checkpoint's ``meta.json``): an
+  object whose fields have their types at every nesting level (:data:`RUN_META`,
+  :data:`CHECKPOINT_META`; fields no schema names are kept as they are);
+- ``config.json``: an object that :meth:`Config.from_dict` accepts;
+- metrics tables (an entry's or a checkpoint's ``metrics.parquet``): a
+  ``step`` column counting from 0, one row per step the run (or the
+  checkpoint) claims, the columns every run of its config has, every column
+  numeric (:func:`check_metrics`);
+- ``params.npz``: exactly the parameter names, shapes and dtypes of the
+  config's student (:func:`check_params`).
+
+Writes are :mod:`mx_proxy.store.durable`'s.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-import os
-import socket
-import uuid
 import zipfile
 from pathlib import Path
 
+import jax
 import numpy as np
 import pandas as pd
 
 from mx_proxy.training.config import Config
+from mx_proxy.training.engine import dynamic_for, program_for, static_key
 from mx_proxy.training.result import Run
 
-__all__ = ["EntryError", "atomic_write", "fsync_dir", "read_meta", "read_entry", "flatten", "unflatten", "mark",
-           "owner_gone", "tmp_name"]
-
-_TMP = ".tmp-"
-_HOST = "".join(c if c.isalnum() else "_" for c in socket.gethostname()) or "host"
-
-
-def mark() -> str:
-    """This process's mark in the names of what it writes: ``<pid>@<host>``."""
-    return f"{os.getpid()}@{_HOST}"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
-
-
-def owner_gone(text: str) -> bool:
-    """Whether the process of mark ``text`` (``<pid>@<host>``, or a bare
-    ``<pid>`` of this host) is gone: only a process of this host can be
-    judged, so another host's marks are never taken for dead ones."""
-    pid, _, host = text.partition("@")
-    if not pid.isdigit() or (host and host != _HOST):
-        return False
-    return int(pid) != os.getpid() and not _pid_alive(int(pid))
+__all__ = ["EntryError", "StoreWarning", "RUN_META", "CHECKPOINT_META", "RESULT_META", "check_json", "read_json",
+           "read_meta", "read_config",
+           "read_metrics", "check_metrics", "read_params", "check_params", "read_entry", "required_columns",
+           "flatten", "unflatten"]
 
 
 class EntryError(ValueError):
-    """A run-store entry (or one of its files) that is missing, damaged or inconsistent."""
+    """A run-store entry, a checkpoint or one of their files that is missing, damaged or inconsistent."""
 
 
-def tmp_name(final: str) -> str:
-    """A temporary sibling name of ``final`` owned by this process."""
-    return f"{_TMP}{mark()}-{uuid.uuid4().hex[:8]}-{final}"
+class StoreWarning(UserWarning):
+    """A run-store entry or checkpoint that cannot be used as it is (damaged,
+    edited or stale): it is moved aside (or, stale, kept until replaced) and
+    the run resumes from an earlier checkpoint or trains again."""
 
 
-def fsync_dir(path) -> None:
-    """Make a rename inside folder ``path`` durable (best effort where the
-    file system cannot fsync a folder)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, write) -> None:
-    """``write(tmp_path)``, fsync it, rename it onto ``path`` and fsync the
-    folder: ``path`` holds the old content or the whole new one, never part."""
-    path = Path(path)
-    tmp = path.with_name(tmp_name(path.name))
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
-def flatten(tree, prefix=""):
+def flatten(tree, prefix="", leaf=np.asarray):
+    """``{"block_0": {"fc1": a}}`` → ``{"block_0/fc1": leaf(a)}``: how ``params.npz`` stores a tree."""
     out = {}
     for k, v in tree.items():
         name = f"{prefix}{k}"
         if isinstance(v, dict):
-            out.update(flatten(v, name + "/"))
+            out.update(flatten(v, name + "/", leaf))
         else:
-            out[name] = np.asarray(v)
+            out[name] = leaf(v)
     return out
 
 
 def unflatten(flat):
+    """The inverse of :func:`flatten`."""
     tree: dict = {}
     for name, v in flat.items():
         node = tree
@@ -119,72 +72,240 @@ def unflatten(flat):
     return tree
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+# --------------------------------------------------------------------------- JSON schemas
 
 
-# run.json: field -> (check, what it must be)
-_META = {
-    "diverged_at": (lambda v: v is None or (_is_int(v) and v >= 0), "null or a step (integer >= 0)"),
-    "wall_time_s": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
-    "info": (lambda v: isinstance(v, dict), "an object"),
-    "code_version": (lambda v: isinstance(v, str), "a string"),
-}
+class _Of:
+    """A schema node: a value of one of ``kinds`` (Python types or nested
+    schema dicts), ``required`` or optional; ``items``: the schema of each
+    element of a list."""
+
+    def __init__(self, *kinds, required=True, items=None, minimum=None):
+        self.kinds, self.required, self.items, self.minimum = kinds, required, items, minimum
+
+
+def _kind_ok(v, kind) -> bool:
+    if isinstance(kind, dict):
+        return isinstance(v, dict)
+    if kind is int:
+        return isinstance(v, int) and not isinstance(v, bool)
+    if kind is float:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if kind is None:
+        return v is None
+    return isinstance(v, kind)
+
+
+def _kind_name(kind) -> str:
+    if isinstance(kind, dict):
+        return "an object"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list",
+            dict: "an object", None: "null"}[kind]
+
+
+def check_json(value, schema: dict, path, inside: str = "") -> None:
+    """Raise an :class:`EntryError` unless JSON ``value`` is an object whose
+    fields match ``schema`` (field → :class:`_Of`) at every nesting level;
+    the message names file ``path`` and the field (``inside``: the fields
+    above it)."""
+    if not isinstance(value, dict):
+        what = f"{inside!r} is" if inside else "it holds"
+        raise EntryError(f"{path} is damaged: {what} a JSON {type(value).__name__}, not an object")
+    for name, of in schema.items():
+        field = f"{inside}.{name}" if inside else name
+        if name not in value:
+            if of.required:
+                raise EntryError(f"{path} is damaged: {field!r} is missing")
+            continue
+        v = value[name]
+        kind = next((k for k in of.kinds if _kind_ok(v, k)), "none")
+        if kind == "none" or (of.minimum is not None and kind in (int, float) and v < of.minimum):
+            need = " or ".join(_kind_name(k) for k in of.kinds) + ("" if of.minimum is None else f" >= {of.minimum}")
+            raise EntryError(f"{path} is damaged: {field!r} must be {need}, got {v!r:.80}")
+        if isinstance(kind, dict):
+            check_json(v, kind, path, field)
+        if kind is list and of.items is not None:
+            for i, item in enumerate(v):
+                if not _kind_ok(item, of.items):
+                    raise EntryError(f"{path} is damaged: {field}[{i}] must be {_kind_name(of.items)}, got "
+                                     f"{item!r:.80}")
+
+
+REPLAY = {"from_step": _Of(int, minimum=0), "paired_run": _Of(bool), "identical": _Of(bool),
+          "first_difference": _Of(int, None), "of_path": _Of(str, None, required=False)}
+INTERVENTION = {"at_step": _Of(int, minimum=1), "recipe": _Of(str, dict), "apply": _Of(list, items=str),
+                "changes": _Of(dict), "reset": _Of(list, items=str, required=False),
+                "replay": _Of(REPLAY, required=False)}
+INFO = {"key": _Of(str, required=False), "parent": _Of(str, None, required=False),
+        "parent_path": _Of(str, None, required=False), "intervention": _Of(INTERVENTION, None, required=False),
+        "replay": _Of(REPLAY, required=False), "resumed_from": _Of(int, required=False, minimum=0),
+        "sweep_group_size": _Of(int, required=False, minimum=1),
+        "shared_reference": _Of(int, required=False, minimum=1), "stale": _Of(bool, required=False),
+        "perturbation": _Of({"seed": _Of(int, minimum=0), "epsilon": _Of(float, minimum=0)}, required=False),
+        "ensemble": _Of(dict, required=False)}
+RUN_META = {"diverged_at": _Of(int, None, minimum=0), "wall_time_s": _Of(float, minimum=0), "info": _Of(INFO),
+            "code_version": _Of(str), "proxy_version": _Of(str, required=False)}
+"""The schema of an entry's ``run.json``."""
+RESULT_META = {"label": _Of(str), "kind": _Of(str), "diverged_at": _Of(int, None, minimum=0),
+               "steps_run": _Of(int, minimum=0), "final_loss": _Of(float, None, required=False),
+               "wall_time_s": _Of(float, None, required=False), "key": _Of(str, None, required=False),
+               "intervention": _Of(INTERVENTION, None, required=False), "parent": _Of(str, None, required=False),
+               "code_version": _Of(str, required=False), "git_commit": _Of(str, None, required=False)}
+"""The schema of a campaign result's ``run.json`` (``results/<label>/``)."""
+CHECKPOINT_META = {"step": _Of(int, minimum=0), "code_version": _Of(str, required=False),
+                   "config_hash": _Of(str, required=False), "parent": _Of(str, None, required=False),
+                   "wall_time_s": _Of(float, required=False, minimum=0)}
+"""The schema of a checkpoint's ``meta.json``."""
+
+
+def _missing(path: Path) -> EntryError:
+    return EntryError(f"{path.parent} is incomplete: {path.name} is missing")
 
 
 def _damaged(path: Path, e: Exception) -> EntryError:
-    return EntryError(f"{path} is damaged ({type(e).__name__}: {e})")
+    first = (str(e).splitlines() or [""])[0][:200]
+    return EntryError(f"{path} is damaged ({type(e).__name__}: {first})")
+
+
+def read_json(path, schema: dict):
+    """The JSON object in file ``path``, checked against ``schema``."""
+    path = Path(path)
+    if not path.is_file():
+        raise _missing(path)
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise _damaged(path, e) from None
+    check_json(value, schema, str(path))
+    return value
 
 
 def read_meta(d) -> dict:
     """The verified ``run.json`` of entry folder ``d``."""
-    path = Path(d) / "run.json"
-    if not path.exists():
+    if not (Path(d) / "run.json").exists():
         raise EntryError(f"{d} is not a complete stored run (no run.json)")
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise _damaged(path, e) from None
-    if not isinstance(meta, dict):
-        raise EntryError(f"{path} is damaged (a JSON {type(meta).__name__}, not an object)")
-    for name, (ok, what) in _META.items():
-        if name not in meta or not ok(meta[name]):
-            raise EntryError(f"{path} is damaged ({name!r} must be {what}, got {meta.get(name, 'nothing')!r})")
-    return meta
+    return read_json(Path(d) / "run.json", RUN_META)
 
 
-def _read_config(path: Path) -> Config:
+def read_config(path) -> Config:
+    """The Config of a ``config.json`` (its fields are checked by Config itself)."""
+    path = Path(path)
+    raw = read_json(path, {})
     try:
-        raw = json.loads(path.read_text())
-        if not isinstance(raw, dict):
-            raise ValueError(f"a JSON {type(raw).__name__}, not an object")
         return Config.from_dict(raw)
-    except (OSError, ValueError, TypeError) as e:
+    except Exception as e:  # any field of any type may be damaged: every failure to parse is the file's
         raise _damaged(path, e) from None
 
 
-def _read_metrics(path: Path, config: Config, diverged_at) -> pd.DataFrame:
+# --------------------------------------------------------------------------- metrics
+
+
+def required_columns(config: Config) -> list[str]:
+    """Columns every metrics table of a run of ``config`` has (README: metrics)."""
+    cols = ["step", "loss", "lr", "grad_norm", "update_norm", "val_loss"]
+    cols += [f"grad_norm/block_{i}" for i in range(config.depth)]
+    if config.diagnostics_every:
+        cols += ["zeta_bound", "cosine"]
+    if config.has_paired_run:
+        cols += ["ref_loss", "zeta_paper"]
+    if config.controller is not None:
+        cols += ["low_precision_frac"]
+    return cols
+
+
+def _dtype_ok(name: str, dtype) -> bool:
+    """The dtype the engine records column ``name`` in: int64 steps, float64
+    validation losses, bool flags (``promoted/…``), float32 everything else."""
+    if name == "step":
+        return dtype == np.int64
+    if name == "val_loss":
+        return dtype == np.float64
+    return dtype == np.float32 or (dtype == np.bool_ and name.startswith("promoted/"))
+
+
+def check_metrics(metrics: pd.DataFrame, rows: int, config: Config, where) -> pd.DataFrame:
+    """``metrics`` if it holds one row per step 0 … ``rows``−1 and the
+    columns of a run of ``config``, each of the dtype the engine records it
+    in; else an :class:`EntryError` naming ``where``."""
+    missing = [c for c in required_columns(config) if c not in metrics.columns]
+    if missing:
+        raise EntryError(f"{where} is damaged: it lacks the column(s) {', '.join(missing)}")
+    bad = [c for c in metrics.columns if not isinstance(c, str) or not _dtype_ok(c, metrics[c].dtype)]
+    if bad:
+        raise EntryError(f"{where} is damaged: column {bad[0]!r} is of type {metrics[bad[0]].dtype}")
+    deeper = f"grad_norm/block_{config.depth}"
+    if deeper in metrics.columns:
+        raise EntryError(f"{where} is damaged: it has a column {deeper!r} of a deeper model")
+    if len(metrics) != rows or not np.array_equal(metrics["step"].to_numpy(), np.arange(rows)):
+        raise EntryError(f"{where} is incomplete: {len(metrics)} rows, not one per step from 0 to {rows - 1}")
+    return metrics
+
+
+def read_metrics(path, rows: int, config: Config) -> pd.DataFrame:
+    """The metrics table in ``path``, checked by :func:`check_metrics`."""
+    path = Path(path)
+    if not path.is_file():
+        raise _missing(path)
     try:
         metrics = pd.read_parquet(path)
     except Exception as e:  # OSError, or pyarrow's own error types for a truncated file
         raise _damaged(path, e) from None
-    rows = config.steps if diverged_at is None else min(diverged_at + 1, config.steps)
-    if "step" not in metrics or len(metrics) != rows \
-            or not np.array_equal(metrics["step"].to_numpy(), np.arange(rows)):
-        raise EntryError(f"{path} is incomplete: {len(metrics)} rows, a run of {config.steps} steps"
-                         f"{'' if diverged_at is None else f' diverged at {diverged_at}'} has {rows}, one per step "
-                         f"from 0")
-    return metrics
+    return check_metrics(metrics, rows, config, path)
 
 
-def _read_params(path: Path):
-    if not path.exists():
-        raise EntryError(f"{path.parent} is incomplete (no params.npz)")
+# --------------------------------------------------------------------------- parameters
+
+
+@functools.lru_cache(maxsize=32)
+def _param_shapes(key: Config) -> dict:
+    state, _ = jax.eval_shape(program_for(key).init, dynamic_for(key))
+    return {k: (tuple(a.shape), np.dtype(a.dtype)) for k, a in flatten(state.params, leaf=lambda a: a).items()}
+
+
+def check_params(flat: dict, config: Config, where) -> dict:
+    """``flat`` (name → array) if it holds exactly the student parameters of
+    ``config``, each of its shape and dtype; else an :class:`EntryError`."""
+    want = _param_shapes(static_key(config))
+    if set(flat) != set(want):
+        gone, odd = sorted(set(want) - set(flat)), sorted(set(flat) - set(want))
+        raise EntryError(f"{where} is damaged: " + (f"it lacks {', '.join(gone[:3])}" if gone else
+                                                    f"it holds unknown arrays {', '.join(odd[:3])}"))
+    for name, (shape, dtype) in want.items():
+        a = flat[name]
+        if tuple(a.shape) != shape or a.dtype != dtype:
+            raise EntryError(f"{where} is damaged: {name} is {a.dtype}{list(a.shape)}, this config's is "
+                             f"{dtype}{list(shape)}")
+    return flat
+
+
+def read_params(path, config: Config):
+    """The parameter tree in ``params.npz`` at ``path``, checked by :func:`check_params`."""
+    path = Path(path)
+    if not path.is_file():
+        raise _missing(path)
     try:
-        with np.load(path) as z:
-            return unflatten({k: z[k] for k in z.files})
+        with open(path, "rb") as f, np.load(f, allow_pickle=False) as z:
+            flat = {k: z[k] for k in z.files}
     except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as e:
         raise _damaged(path, e) from None
+    return unflatten(check_params(flat, config, path))
+
+
+def _check_provenance(info: dict, config: Config, path: Path) -> None:
+    """An intervention's record agrees with its config: it has one exactly
+    when it has a parent, and each change it lists is the config's value."""
+    iv = info.get("intervention")
+    if (info.get("parent") is None) != (iv is None):
+        raise EntryError(f"{path} is damaged: 'info.parent' and 'info.intervention' must be given together")
+    if iv is None:
+        return
+    fields = json.loads(json.dumps(config.to_dict(), default=str))  # as its run.json holds them
+    for name, value in iv["changes"].items():
+        if name not in fields or fields[name] != value:
+            raise EntryError(f"{path} is damaged: 'info.intervention.changes.{name}' is {value!r:.80}, its config's "
+                             f"is {fields.get(name, 'no such field')!r:.80}")
+    if iv["recipe"] != fields["recipe"]:
+        raise EntryError(f"{path} is damaged: 'info.intervention.recipe' is not its config's recipe")
 
 
 def read_entry(d, meta: dict | None = None) -> Run:
@@ -192,7 +313,10 @@ def read_entry(d, meta: dict | None = None) -> Run:
     docstring); raises :class:`EntryError` naming the file at fault."""
     d = Path(d)
     meta = read_meta(d) if meta is None else meta
-    config = _read_config(d / "config.json")
-    metrics = _read_metrics(d / "metrics.parquet", config, meta["diverged_at"])
-    params = _read_params(d / "params.npz")
-    return Run(config, metrics, meta["diverged_at"], params, float(meta["wall_time_s"]), meta["info"], path=str(d))
+    config = read_config(d / "config.json")
+    diverged_at = meta["diverged_at"]
+    rows = config.steps if diverged_at is None else min(diverged_at + 1, config.steps)
+    metrics = read_metrics(d / "metrics.parquet", rows, config)
+    params = read_params(d / "params.npz", config)
+    _check_provenance(meta["info"], config, d / "run.json")
+    return Run(config, metrics, diverged_at, params, float(meta["wall_time_s"]), meta["info"], path=str(d))

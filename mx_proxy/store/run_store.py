@@ -13,24 +13,25 @@ step, see :func:`entry_key`):
 
 A run trains in ``<root>/<key>.partial-<pid>@<host>/``, a folder of the training
 process's own (its checkpoints land there), and is promoted to
-``<root>/<key>/`` only when complete, under a per-key file lock: an older
-entry (a stale one, made by other numerics code, or one being retrained with
-``force``) is kept until its replacement exists, and several processes
-training the same config into one store never crash or corrupt it (the first
-to finish wins; the others' identical results are dropped). A later process
-adopts the training folder of a killed one, so an interrupted run resumes
-from its last checkpoint.
+``<root>/<key>/`` only when complete, under a per-key file lock
+(:mod:`mx_proxy.store.promote`: crash-safe at every step; a later process
+finishes what a killed one left halfway). Several processes training the
+same config into one store never crash or corrupt it (the first to finish
+wins; the others' identical results are dropped). A later process adopts
+the training folder of a killed one, so an interrupted run resumes from its
+last checkpoint.
 
 Loading verifies an entry (:func:`mx_proxy.store.files.read_entry`, the one
 reader of every file): its config must hash to its key (an edited
 ``config.json`` is reported, not silently returned as the answer to another
-config), its files must parse and have their types and sizes (a truncated
-file, a ``run.json`` that is not an object, a metrics table short of rows, a
-missing ``params.npz`` are reported), and its code version must be this
-code's (a stale entry is retrained). Each problem is one
-:class:`StoreWarning` naming the file, and the run is trained again. Files are
-written atomically and fsync'ed; a save that fails anyway writes the run
-elsewhere and raises :class:`SaveError` saying where.
+config), its files must parse and have their types, columns, shapes and
+sizes, and its code version must be this code's (a stale entry is retrained,
+and kept until its replacement exists). A damaged or edited entry is moved
+aside to ``<key>.damaged-<id>/`` with one :class:`StoreWarning` naming the
+file and what is wrong; the run then resumes from that entry's newest good
+checkpoint, or trains again. Files are written atomically and fsync'ed; a
+save that fails anyway writes the run elsewhere and raises :class:`SaveError`
+saying where. docs/store.md tabulates these guarantees.
 
 Why Parquet (pyarrow) rather than NetCDF (xarray): the metrics are a flat
 table (step × named scalar columns, per-block values already split into
@@ -41,20 +42,19 @@ polars, DuckDB and Arrow, and pyarrow is a single wheel already required.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+import uuid
 import warnings
 from pathlib import Path
 
 import numpy as np
 
 from mx_proxy.store import checkpoint as ckpt
-from mx_proxy.store import files
+from mx_proxy.store import durable, files, promote
 from mx_proxy.training.code_version import code_version
 from mx_proxy.training.config import Config
 from mx_proxy.training.result import Run
@@ -62,9 +62,7 @@ from mx_proxy.version import __version__
 
 __all__ = ["Store", "StoreWarning", "SaveError", "resolve", "code_version", "entry_key", "load_dir"]
 
-class StoreWarning(UserWarning):
-    """A run-store entry that cannot be used as it is (damaged, edited or
-    stale); the run is trained again."""
+StoreWarning = files.StoreWarning
 
 
 class SaveError(OSError):
@@ -113,23 +111,23 @@ def _write_entry(d: Path, run: Run, meta: dict) -> None:
     """Write the files of ``run`` into folder ``d``, each atomically and
     durably, ``run.json`` last."""
     d.mkdir(parents=True, exist_ok=True)
-    files.atomic_write(d / "config.json",
-                       lambda p: p.write_text(json.dumps(run.config.to_dict(), indent=1, sort_keys=True)))
-    files.atomic_write(d / "metrics.parquet", lambda p: run.metrics.to_parquet(p, index=False))
+    durable.atomic_write(d / "config.json",
+                         lambda p: p.write_text(json.dumps(run.config.to_dict(), indent=1, sort_keys=True)))
+    durable.atomic_write(d / "metrics.parquet", lambda p: run.metrics.to_parquet(p, index=False))
 
     def write_params(p):
         with open(p, "wb") as f:
             np.savez(f, **files.flatten(run.params))
-    files.atomic_write(d / "params.npz", write_params)
-    files.atomic_write(d / "run.json", lambda p: p.write_text(json.dumps(meta, indent=1, sort_keys=True,
-                                                                         default=str)))
+    durable.atomic_write(d / "params.npz", write_params)
+    durable.atomic_write(d / "run.json", lambda p: p.write_text(json.dumps(meta, indent=1, sort_keys=True,
+                                                                           default=str)))
 
 
 class Store:
     """A results folder; see the module docstring."""
 
     def __init__(self, root):
-        self.root = Path(root).expanduser().resolve()
+        self.root = durable.checked_path(root, "run store", folder=True)
 
     def __repr__(self):
         return f"Store({str(self.root)!r})"
@@ -139,7 +137,7 @@ class Store:
 
     def partial(self, key: str) -> Path:
         """Where this process trains the run of ``key`` until it is complete."""
-        return self.root / f"{key}.partial-{files.mark()}"
+        return self.root / f"{key}.partial-{durable.mark()}"
 
     def checkpoint_dir(self, key: str) -> Path:
         """Checkpoints of a run this process is training (``<key>.partial-<pid>@<host>/checkpoints``)."""
@@ -147,11 +145,7 @@ class Store:
 
     def _orphans(self, key: str) -> list[Path]:
         """Training folders of ``key`` left by processes that are gone."""
-        out = []
-        for p in self.root.glob(f"{key}.partial-*"):
-            if files.owner_gone(p.name.rsplit(".partial-", 1)[1]):  # a live process's, or another host's: not ours
-                out.append(p)
-        return out
+        return promote.orphans(self.root, key)
 
     def has(self, key: str) -> bool:
         return (self.path(key) / "run.json").exists()
@@ -170,7 +164,7 @@ class Store:
             self.root.mkdir(parents=True, exist_ok=True)
             for where in [self.root, self.root / ".locks"]:
                 where.mkdir(exist_ok=True)
-                probe = where / ckpt.tmp_name("probe")
+                probe = where / durable.tmp_name("probe")
                 probe.write_text("")
                 probe.unlink()
             if key is not None:
@@ -183,38 +177,37 @@ class Store:
                              f"folder, or store=None to keep results in memory") from None
 
     def clean(self) -> list[Path]:
-        """Remove leftovers of killed writers in the store, its entries and
-        their checkpoint folders (see :func:`mx_proxy.store.checkpoint.clean`)."""
-        removed = ckpt.clean(self.root)
-        if self.root.is_dir():
-            for d in self.root.iterdir():
-                if d.is_dir():
-                    removed += ckpt.clean(d) + ckpt.clean(d / "checkpoints")
-            for d in self.root.glob("*.partial-*"):  # a killed run with no checkpoint holds nothing to resume
-                if d in self._orphans(d.name.rsplit(".partial-", 1)[0]) and not ckpt.steps(d / "checkpoints"):
-                    shutil.rmtree(d, ignore_errors=True)
-                    removed.append(d)
+        """Finish the promotions killed processes left halfway
+        (:func:`mx_proxy.store.promote.recover`), then remove their leftovers
+        in the store, its entries and their checkpoint folders (see
+        :func:`mx_proxy.store.checkpoint.clean`); returns what was removed."""
+        if not self.root.is_dir():
+            return []
+        removed = []
+        for key in promote.pending(self.root):
+            with promote.lock(self.root, key):
+                removed += promote.recover(self.root, key, lambda: self._usable(key, quiet=True)[0] is not None)
+        removed += ckpt.clean(self.root)
+        for d in self.root.iterdir():
+            if d.is_dir():
+                removed += ckpt.clean(d) + ckpt.clean(d / "checkpoints")
+        for d in self.root.glob("*.partial-*"):  # a killed run with no checkpoint and no result holds nothing
+            if d in self._orphans(d.name.rsplit(".partial-", 1)[0]) and not ckpt.steps(d / "checkpoints") \
+                    and not (d / "run.json").exists():
+                durable.discard(d)
+                removed.append(d)
         return removed
-
-    @contextlib.contextmanager
-    def _lock(self, key: str):
-        locks = self.root / ".locks"
-        locks.mkdir(parents=True, exist_ok=True)
-        with open(locks / f"{key}.lock", "w") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
 
     def prepare(self, key: str, *, fresh: bool) -> Path:
         """This process's training folder of ``key``. Unless ``fresh`` (a
         forced retrain), it adopts the folder of a killed process that trained
-        the same run (the one with the latest checkpoint), so the run resumes;
-        checkpoints made by other code are dropped."""
+        the same run (the one with the latest checkpoint), or else the
+        checkpoints of an entry moved aside as damaged, so the run resumes;
+        a damaged checkpoint is moved aside (with a :class:`StoreWarning`)
+        and checkpoints made by other code are dropped."""
         part = self.partial(key)
         if fresh:
-            shutil.rmtree(part, ignore_errors=True)
+            durable.discard(part)
         elif not part.exists():
             for orphan in sorted(self._orphans(key), key=lambda p: max(ckpt.steps(p / "checkpoints"), default=-1),
                                  reverse=True):
@@ -223,16 +216,28 @@ class Store:
                     break
                 except OSError:
                     continue
-        cdir = part / "checkpoints"
-        for step in ckpt.steps(cdir):
-            m = ckpt.meta(cdir, step)
-            if not m:
-                warnings.warn(f"checkpoint {cdir / f'step_{step:09d}'} is damaged (its meta.json does not parse); "
-                              f"dropped, resuming from an earlier one", StoreWarning, stacklevel=3)
-            if m.get("code_version") != code_version():
-                shutil.rmtree(cdir / f"step_{step:09d}", ignore_errors=True)
         part.mkdir(parents=True, exist_ok=True)
+        cdir = part / "checkpoints"
+        if not fresh and not ckpt.steps(cdir):
+            self._adopt_set_aside(key, cdir)
+        for step in ckpt.steps(cdir):
+            try:
+                m = ckpt.meta(cdir, step)
+            except files.EntryError as e:
+                ckpt.set_aside(cdir, step, str(e))
+                continue
+            if m.get("code_version") != code_version():
+                durable.discard(ckpt.step_dir(cdir, step))
         return part
+
+    def _adopt_set_aside(self, key: str, cdir: Path) -> None:
+        """Move the checkpoints of the newest entry of ``key`` moved aside as
+        damaged into ``cdir`` (this process's, holding none)."""
+        for aside in sorted(self.root.glob(f"{key}.damaged-*"), key=lambda p: p.stat().st_mtime, reverse=True):
+            if ckpt.steps(aside / "checkpoints"):
+                shutil.rmtree(cdir, ignore_errors=True)  # empty: no checkpoint of its own
+                durable.rename(aside / "checkpoints", cdir)
+                return
 
     def save(self, run: Run, key: str) -> Run:
         """Write ``run`` as the entry ``key`` (see the module docstring);
@@ -246,7 +251,8 @@ class Store:
                 "proxy_version": __version__, "code_version": code_version()}
         try:
             _write_entry(part, run, meta)
-            final = self._promote(key, part)
+            with promote.lock(self.root, key):
+                final = promote.promote(self.root, key, part, self._usable(key, quiet=True)[0] is not None)
         except OSError as e:
             run.info = info
             kept = None
@@ -263,49 +269,43 @@ class Store:
         run.path = str(final)
         return run
 
-    def _promote(self, key: str, part: Path) -> Path:
-        final = self.path(key)
-        with self._lock(key):
-            if self._usable(key, quiet=True) is not None:  # another process finished it: keep theirs
-                shutil.rmtree(part, ignore_errors=True)
-            else:
-                old = None
-                if final.exists():
-                    old = self.root / ckpt.tmp_name(f"old-{key}")
-                    os.rename(final, old)
-                os.rename(part, final)
-                files.fsync_dir(self.root)
-                if old is not None:
-                    shutil.rmtree(old, ignore_errors=True)
-        return final
-
     def load(self, key: str) -> Run | None:
-        """The stored run of ``key``, or ``None`` if there is no usable entry
-        (none, damaged, edited or stale: each of the last three is reported
-        with a :class:`StoreWarning`)."""
-        return self._usable(key, quiet=False)
+        """The stored run of ``key``, or ``None`` if there is no usable entry.
+        A stale one (made by other numerics code) is reported with a
+        :class:`StoreWarning` and kept until its replacement exists; a damaged
+        or edited one is reported and moved aside (see the module docstring)."""
+        run, problem, stale = self._usable(key, quiet=False)
+        if problem is None or stale:
+            return run
+        with promote.lock(self.root, key):
+            run, problem, _ = self._usable(key, quiet=True)  # another process may have replaced it meanwhile
+            if problem is None:
+                return run
+            aside = self.root / f"{key}.damaged-{uuid.uuid4().hex[:8]}"
+            durable.rename(self.path(key), aside)
+        warnings.warn(f"run store entry {self.path(key)}: {problem}; moved aside to {aside.name}, training it again "
+                      f"(from its newest good checkpoint, if any)", StoreWarning, stacklevel=3)
+        return None
 
-    def _usable(self, key: str, quiet: bool) -> Run | None:
+    def _usable(self, key: str, quiet: bool):
+        """(run or None, what is wrong or None, whether it is stale) of the entry ``key``."""
         d = self.path(key)
         if not (d / "run.json").exists():
-            return None
-
-        def report(why):
-            if not quiet:
-                warnings.warn(f"run store entry {d}: {why}; training it again", StoreWarning, stacklevel=3)
-            return None
-
+            return None, None, False
         try:
             meta = files.read_meta(d)
             if meta["code_version"] != code_version():
-                return report("made by other numerics code (stale; kept until the new run replaces it)")
+                if not quiet:
+                    warnings.warn(f"run store entry {d}: made by other numerics code (stale; kept until the new "
+                                  f"run replaces it); training it again", StoreWarning, stacklevel=4)
+                return None, "stale", True
             run = files.read_entry(d, meta)
         except files.EntryError as e:
-            return report(f"damaged or incomplete: {e}")
+            return None, f"damaged or incomplete: {e}", False
         expected = _expected_key(run)
         if expected != key:
-            return report(f"its config.json hashes to {expected}, not to its key (edited?)")
-        return run
+            return None, f"its config.json hashes to {expected}, not to its key (edited?)", False
+        return run, None, False
 
 
 def _expected_key(run: Run) -> str:
@@ -321,7 +321,7 @@ def load_dir(d) -> Run:
     and on one whose ``config.json`` no longer hashes to its key (edited);
     an entry made by other numerics code loads with a :class:`StoreWarning`
     (its numbers are not this code's; ``intervene`` refuses to continue it)."""
-    d = Path(d).expanduser().resolve()
+    d = durable.checked_path(d, "run folder", folder=True)
     meta = files.read_meta(d)
     run = files.read_entry(d, meta)
     expected, recorded = _expected_key(run), run.info.get("key", d.name)

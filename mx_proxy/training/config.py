@@ -29,16 +29,22 @@ from mx_proxy.numerics import recipe_json
 from mx_proxy.numerics.quantize import MXSpec
 from mx_proxy.numerics.recipe import Recipe
 from mx_proxy.training.controllers import GNMR
+from mx_proxy.training.values import check_value
 
 __all__ = ["Config", "knob", "FIELD_DOCS", "CHOICES", "INTERVENABLE_FIELDS", "fields_of_kind", "STATIC", "DYNAMIC",
-           "HOST", "KINDS", "OPTIMIZERS", "SCHEDULES", "GRADIENT_REFERENCES", "SCHEMA", "SEED_LIMIT"]
+           "HOST", "KINDS", "OPTIMIZERS", "SCHEDULES", "GRADIENT_REFERENCES", "SCHEMA", "SEED_LIMIT", "MAX_STEPS",
+           "BOUNDS", "check_field"]
 
 OPTIMIZERS = ("adam", "sgd")
 SCHEDULES = ("constant", "cosine")
 GRADIENT_REFERENCES = ("same_point", "paired_run")
 SCHEMA = 2  # part of every config's hash: bump when a field's meaning changes
 SEED_LIMIT = 2 ** 32  # seeds are JAX PRNG seeds: 0 <= seed < 2**32
-_SEEDS = ("seed", "data_seed", "teacher_seed", "reference_seed", "reference_data_seed")
+MAX_STEPS = 10 ** 8  # a run's metrics table holds one row per step; step counters are int32
+MAX_WIDTH = 2 ** 20  # far beyond any memory; the memory estimate refuses what does not fit
+MAX_DEPTH = 256  # every block is traced and compiled: deeper programs take hours to build
+MAX_BATCH = 2 ** 24
+MAX_VAL_BATCHES = 10 ** 4  # every validation runs them all
 
 
 # The field kinds (``kind=`` of :func:`knob`):
@@ -53,7 +59,7 @@ _MX_FORMATS = tuple(n for n in _formats.names() if not _formats.get(n).is_vector
 
 
 def knob(default: Any, doc: str, *, kind: str = STATIC, choices: tuple[str, ...] | None = None,
-         intervene: bool = False) -> Any:
+         intervene: bool = False, bounds: tuple[int, int] | None = None) -> Any:
     """Declare one Config field: everything else about it is derived from this.
 
     Args:
@@ -65,11 +71,14 @@ def knob(default: Any, doc: str, *, kind: str = STATIC, choices: tuple[str, ...]
         listed by the CLI); a recipe field also takes a :class:`Recipe`.
       intervene: whether :func:`mx_proxy.intervene` may change it when it
         continues a run from a checkpoint (model, data and seeds may not).
+      bounds: ``(lowest, highest)`` valid value of an integer field (checked
+        by Config, printed by ``--help``): a value beyond them is refused
+        before any work, never traced, allocated or trained for ever.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown field kind {kind!r}; valid: {', '.join(KINDS)}")
     return dataclasses.field(default=default, metadata={"doc": doc, "kind": kind, "choices": choices,
-                                                        "intervene": intervene})
+                                                        "intervene": intervene, "bounds": bounds})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,18 +142,18 @@ class Config:
     on the same steps. ``mxp.intervene`` continues a run from one.
     """
 
-    width: int = knob(128, "student width d (hidden size of every residual block)")
-    depth: int = knob(4, "number L of residual blocks of the student")
+    width: int = knob(128, "student width d (hidden size of every residual block)", bounds=(1, MAX_WIDTH))
+    depth: int = knob(4, "number L of residual blocks of the student", bounds=(1, MAX_DEPTH))
     act: str = knob("gelu", "activation of the student's MLP blocks", choices=ACTIVATIONS)
     norm: str = knob("layernorm", "normalization before each block (layernorm_noaffine: LayerNorm without gain and "
                      "bias)", choices=NORMS)
     init: str = knob("pytorch", "weight init: pytorch (U(+-1/sqrt(fan_in))) or xavier_normal (scaled by init_gain)",
                      choices=INITS)
     init_gain: float = knob(0.5, "gain of the xavier_normal init")
-    teacher_width: int | None = knob(None, "teacher width (none: the student's)")
-    teacher_depth: int | None = knob(None, "teacher depth (none: the student's)")
+    teacher_width: int | None = knob(None, "teacher width (none: the student's)", bounds=(1, MAX_WIDTH))
+    teacher_depth: int | None = knob(None, "teacher depth (none: the student's)", bounds=(1, MAX_DEPTH))
     teacher_act: str | None = knob(None, "teacher activation (none: the student's)", choices=ACTIVATIONS)
-    batch: int = knob(512, "rows per training batch (x ~ N(0, I), targets teacher(x) + noise)")
+    batch: int = knob(512, "rows per training batch (x ~ N(0, I), targets teacher(x) + noise)", bounds=(1, MAX_BATCH))
     noise: float = knob(0.005, "standard deviation of the Gaussian noise added to the teacher's targets",
                         kind=DYNAMIC)
     optimizer: str = knob("adam", "optimizer (adam: beta1, beta2, adam_eps; sgd: momentum)", choices=OPTIMIZERS,
@@ -157,11 +166,12 @@ class Config:
     schedule: str = knob("constant", "learning-rate schedule: constant, or cosine decay to lr_min over the run",
                          choices=SCHEDULES, intervene=True)
     lr_min: float = knob(0.0, "final learning rate of the cosine schedule", kind=DYNAMIC, intervene=True)
-    warmup_steps: int = knob(0, "steps of linear learning-rate warm-up", intervene=True)
-    steps: int = knob(1000, "training steps", kind=DYNAMIC, intervene=True)
-    seed: int = knob(0, "seed of the student's initial weights", kind=DYNAMIC)
-    data_seed: int = knob(0, "seed of the batches (batch t is a pure function of data_seed and t)", kind=DYNAMIC)
-    teacher_seed: int = knob(0, "seed of the frozen teacher's weights", kind=DYNAMIC)
+    warmup_steps: int = knob(0, "steps of linear learning-rate warm-up", intervene=True, bounds=(0, MAX_STEPS))
+    steps: int = knob(1000, "training steps", kind=DYNAMIC, intervene=True, bounds=(1, MAX_STEPS))
+    seed: int = knob(0, "seed of the student's initial weights", kind=DYNAMIC, bounds=(0, SEED_LIMIT - 1))
+    data_seed: int = knob(0, "seed of the batches (batch t is a pure function of data_seed and t)", kind=DYNAMIC,
+                          bounds=(0, SEED_LIMIT - 1))
+    teacher_seed: int = knob(0, "seed of the frozen teacher's weights", kind=DYNAMIC, bounds=(0, SEED_LIMIT - 1))
     recipe: str | Recipe = knob("fp32", "precision recipe: which tensors are MX-quantized and how (docs/recipes.md)",
                                 choices=_PRESET_NAMES, intervene=True)
     dot: str = knob("f32", "CPU GEMMs of bf16-valued operands: f32 (float32 dots, reproducible) or bf16 "
@@ -171,7 +181,7 @@ class Config:
     controller: GNMR | str | None = knob(None, "stability controller: none, gnmr, or gnmr:key=value,... "
                                                "(e.g. gnmr:threshold=3,lock_steps=50)")
     diagnostics_every: int = knob(10, "record the reference gradient, zeta bound, cosine and clamp statistics every "
-                                      "N steps (0: never)", intervene=True)
+                                      "N steps (0: never)", intervene=True, bounds=(0, MAX_STEPS))
     gradient_reference: str = knob("same_point", "reference gradient of the diagnostics: 'same_point' (same weights "
                                                  "and batch) or 'paired_run' (the paired run's gradient, the paper's "
                                                  "definition)", choices=GRADIENT_REFERENCES, intervene=True)
@@ -180,18 +190,18 @@ class Config:
     reference_recipe: str | Recipe = knob("fp32", "recipe of the reference gradient and of the paired run",
                                           choices=_PRESET_NAMES)
     reference_seed: int | None = knob(None, "start the paired run from this init seed instead (a control; needs "
-                                            "paired_run)", kind=DYNAMIC)
+                                            "paired_run)", kind=DYNAMIC, bounds=(0, SEED_LIMIT - 1))
     reference_data_seed: int | None = knob(None, "feed the paired run this data seed's batches instead (a control; "
-                                                 "needs paired_run)", kind=DYNAMIC)
+                                                 "needs paired_run)", kind=DYNAMIC, bounds=(0, SEED_LIMIT - 1))
     diagnostic_format: str = knob("fp8_e4m3", "MX element format that counts LN-gain clamping where the recipe does "
                                               "not quantize them", choices=_MX_FORMATS, intervene=True)
     val_every: int = knob(100, "held-out validation loss every N steps (a multiple of diagnostics_every; 0: never)",
-                          intervene=True)
-    val_batches: int = knob(4, "held-out batches of the validation loss")
+                          intervene=True, bounds=(0, MAX_STEPS))
+    val_batches: int = knob(4, "held-out batches of the validation loss", bounds=(1, MAX_VAL_BATCHES))
     spike_factor: float = knob(100.0, "a loss above this many times the previous step's is a divergence (the run "
                                       "stops)", kind=DYNAMIC, intervene=True)
     checkpoint_every: int = knob(0, "save the full train state every N steps (0: never; needed for interventions)",
-                                 kind=HOST, intervene=True)
+                                 kind=HOST, intervene=True, bounds=(0, MAX_STEPS))
     checkpoint_at: tuple[int, ...] = knob((), "save the full train state at these steps (multiples of "
                                               "diagnostics_every)", kind=HOST, intervene=True)
 
@@ -212,12 +222,6 @@ class Config:
 
     def _validate(self):
 
-        def positive_int(name, allow_zero=False):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (v == 0 and not allow_zero):
-                need = "a non-negative" if allow_zero else "a positive"
-                raise ValueError(f"{name} must be {need} integer, got {v!r}")
-
         def choice(name, valid, optional=False):
             v = getattr(self, name)
             if optional and v is None:
@@ -232,22 +236,12 @@ class Config:
                 need = "a non-negative" if allow_zero else "a positive"
                 raise ValueError(f"{name} must be {need} finite number, got {v!r}")
 
-        for name in ("width", "depth", "batch", "steps", "val_batches"):
-            positive_int(name)
-        for name in ("diagnostics_every", "val_every", "warmup_steps", "checkpoint_every"):
-            positive_int(name, allow_zero=True)
-        for name in _SEEDS:
-            v = getattr(self, name)
-            if v is None and name.startswith("reference"):
-                continue
-            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < SEED_LIMIT:
-                raise ValueError(f"{name} must be an integer in [0, 2**32), got {v!r}")
-        for name in ("teacher_width", "teacher_depth"):
-            if getattr(self, name) is not None:
-                positive_int(name)
         for f in dataclasses.fields(self):  # the recipes and diagnostic_format are looked up below (aliases too)
             if f.metadata["choices"] and f.name not in _LOOKED_UP:
                 choice(f.name, f.metadata["choices"], optional=f.default is None)
+        if isinstance(self.controller, str) and not self.controller.strip():
+            raise ValueError("controller must be none, gnmr or gnmr:key=value,... (e.g. gnmr:threshold=3), got an "
+                             "empty string")
         if isinstance(self.controller, str) and self.controller.strip().lower() in ("none", "off"):
             object.__setattr__(self, "controller", None)
         elif isinstance(self.controller, str):
@@ -323,10 +317,11 @@ class Config:
     @property
     def chunk(self) -> int:
         """Steps per host-loop segment, at most: the rows of the run's one
-        compiled segment program, which runs any number of steps up to it."""
+        compiled segment program, which runs any number of steps up to it
+        (never more than the run's steps: its metric buffers hold that many rows)."""
         if self.val_every:
-            return self.val_every
-        return max(self.diagnostics_every, 1) * max(1, 100 // max(self.diagnostics_every, 1))
+            return min(self.val_every, self.steps)
+        return min(max(self.diagnostics_every, 1) * max(1, 100 // max(self.diagnostics_every, 1)), self.steps)
 
     def checkpoint_steps(self) -> tuple[int, ...]:
         """Every step (1 … ``steps``) at which the run saves its train state."""
@@ -377,27 +372,26 @@ class Config:
 
 
 def _check_types(config: Config) -> None:
-    """Refuse a value of the wrong type with a ValueError naming its field,
-    and normalize the numbers so that equal configs have one hash: a float
-    field holds a Python float (``lr=1`` is ``lr=1.0``, ``-0.0`` is 0.0)."""
+    """Refuse a value of the wrong type or range with an error naming its
+    field, and normalize the numbers so that equal configs have one hash
+    (:func:`mx_proxy.training.values.check_value`)."""
     for f in dataclasses.fields(config):
-        kind, v = str(f.type), getattr(config, f.name)
-        if v is None and kind.endswith("| None"):
-            continue
-        if kind == "float":
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise ValueError(f"{f.name} must be a number, got {v!r} ({type(v).__name__})")
-            object.__setattr__(config, f.name, float(v) + 0.0)
-        elif kind in ("str", "str | None") and not isinstance(v, str):
-            raise ValueError(f"{f.name} must be a name (a string), got {v!r} ({type(v).__name__})")
-        elif kind in ("int", "int | None") and (isinstance(v, bool) or not isinstance(v, int)):
-            raise ValueError(f"{f.name} must be an integer, got {v!r} ({type(v).__name__})")
-        elif kind == "bool" and not isinstance(v, bool):
-            raise ValueError(f"{f.name} must be True or False, got {v!r} ({type(v).__name__})")
+        object.__setattr__(config, f.name, check_value(f, getattr(config, f.name)))
+
+
+def check_field(name: str, value):
+    """``value`` of Config field ``name`` checked on its own (type, range,
+    empty names; :func:`mx_proxy.training.values.check_value`) and normalized:
+    a caller refuses a bad value before any work, Config checks it again."""
+    return check_value(Config.__dataclass_fields__[name], value)
 
 
 FIELD_DOCS: dict[str, str] = {f.name: f.metadata["doc"] for f in dataclasses.fields(Config)}
 """One line per field: what it sets (the CLI's ``--help``, Config's docstring)."""
+
+BOUNDS: dict[str, tuple[int, int]] = {f.name: f.metadata["bounds"] for f in dataclasses.fields(Config)
+                                      if f.metadata["bounds"]}
+"""The valid range of every integer field."""
 
 CHOICES: dict[str, tuple[str, ...]] = {f.name: f.metadata["choices"] for f in dataclasses.fields(Config)
                                        if f.metadata["choices"]}

@@ -22,12 +22,14 @@ from typing import Callable
 
 from mx_proxy.experiments import beyond, campaign, paper, parallel
 from mx_proxy.experiments import scales as _scales
+from mx_proxy.store import durable
 from mx_proxy.viz import plots
 
 __all__ = ["FIGURES", "FIGURE_DOCS", "TRAINED", "HEADLINE", "SCALES", "generate", "headline_source",
            "campaign_figures", "default_dir", "RESULTS_ROOT"]
 
 RESULTS_ROOT = "results"
+MAX_JOBS = 64  # worker processes of the run prefetch, at most
 
 SCALES = _scales.names()
 
@@ -134,13 +136,14 @@ def campaign_figures(results, out: str = "figures") -> list[str]:
     written as PNG into ``out``; returns the paths."""
     runs = campaign.load_results(results)
     scale = Path(results).resolve().parent.name if Path(results).name == "results" else Path(results).name
+    out = str(durable.checked_path(out, "figures folder", folder=True))
     os.makedirs(out, exist_ok=True)
     written = []
     for name, (kinds, fn) in HEADLINE.items():
         if all(any(r.info["kind"] == k for r in runs) for k in kinds):
             fig = fn((scale, runs))
             path = os.path.join(out, f"{name}.png")
-            fig.savefig(path, dpi=120)
+            durable.write_output(path, lambda p: fig.savefig(p, dpi=120, format="png"))
             plots.plt.close(fig)
             written.append(path)
     return written
@@ -239,8 +242,8 @@ def generate(names=None, *, scale: str = "quick", out=None, store=None, results=
     """
     if scale not in SCALES:
         raise ValueError(f"unknown scale {scale!r}; valid: {', '.join(SCALES)}")
-    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
-        raise ValueError(f"jobs must be a positive integer or None (one per core), got {jobs!r}")
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= MAX_JOBS):
+        raise ValueError(f"jobs must be an integer in [1, {MAX_JOBS}] or None (one per core), got {jobs!r}")
     if names:
         names = list(names)
         unknown = [n for n in names if n not in FIGURES]
@@ -251,7 +254,7 @@ def generate(names=None, *, scale: str = "quick", out=None, store=None, results=
         for n in HEADLINE:
             if n not in names:
                 log(f"skipping {n}: no campaign results under {results}/ (see mx-proxy campaign)")
-    out = str(default_dir("figures") if out is None else out)
+    out = str(durable.checked_path(default_dir("figures") if out is None else out, "figures folder", folder=True))
     os.makedirs(out, exist_ok=True)
     if store is not None and jobs != 1:
         _prefetch(names, scale, store, jobs, progress, log)
@@ -266,7 +269,8 @@ def generate(names=None, *, scale: str = "quick", out=None, store=None, results=
         fig = FIGURES[name](scale, store=store, results=results)
         for ext in ("png", "pdf") if pdf else ("png",):
             path = os.path.join(out, f"{name}.{ext}")
-            fig.savefig(path, dpi=120)
+            durable.write_output(path, lambda p: fig.savefig(p, dpi=120, format=ext), elsewhere=(
+                f"its runs are in the run store {store}" if store is not None else ""))
             written.append(path)
         plots.plt.close(fig)
         log(f"[{i}/{len(names)}] {name}: {time.perf_counter() - t0:.1f}s -> {os.path.join(out, name)}.png")

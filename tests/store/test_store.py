@@ -131,9 +131,9 @@ def test_an_unwritable_store_fails_before_training(trained):
 def test_a_file_as_store_fails_before_training(tmp_path, trained):
     f = tmp_path / "file"
     f.write_text("not a folder")
-    with pytest.raises(ValueError, match="is not writable"):
+    with pytest.raises(ValueError, match=f"run store {f} is a file, not a folder"):
         mxp.train(BASE, store=f, progress=False)
-    with pytest.raises(ValueError, match="is not writable"):
+    with pytest.raises(ValueError, match=f"run store {f}/sub: {f} is a file, not a folder"):
         mxp.sweep(BASE, store=f / "sub", progress=False, lr=[1e-3])
     assert trained == []
 
@@ -191,7 +191,7 @@ def test_leftovers_of_killed_writers_are_cleaned(tmp_path):
     orphans[0].mkdir()
     orphans[1].write_text("half")
     orphans[2].mkdir()
-    mine = tmp_path / C.tmp_name("in-progress")  # this process's own temporary: never removed
+    mine = tmp_path / C.durable.tmp_name("in-progress")  # this process's own temporary: never removed
     mine.mkdir()
     removed = S.Store(tmp_path).clean()
     assert sorted(removed) == sorted(orphans) and not any(p.exists() for p in orphans) and mine.exists()

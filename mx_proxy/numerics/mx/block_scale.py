@@ -153,7 +153,7 @@ def paper_bump(a, axis: int):
     2**floor(log2 m)`` with ``m`` the maximum over the *blocks* axis ``axis``
     at each position within a block, shaped ``(.., 1, block_size, ..)`` to
     broadcast over the blocks (subnormal maxima never bump)."""
-    m = jnp.max(a, axis=axis, keepdims=True)
+    m = jnp.max(a, axis=axis, keepdims=True, initial=0)  # no blocks (an empty array): nothing bumps
     return (((m >> 23) > 0) & ((m & B.MANT) > 0x600000)).astype(jnp.int32)
 
 

@@ -104,7 +104,7 @@ def quantize_view(xv, red: tuple[int, ...], rounding: str, rbits=None) -> NV:
     """
     bits = B.b32(xv)
     a = bits & B.ABS
-    amax = jnp.max(a)
+    amax = jnp.max(a, initial=0)  # an empty array's amax is 0, as an all-zero one's
     nan, zero = amax >= B.INF, amax == 0
     k = jnp.where(nan | zero, 0, B.exponent_fraction(amax)[0])
     a_norm = B.f32(jnp.where(nan | zero, B.ONE, B.scale_pow2(amax, -k)))
