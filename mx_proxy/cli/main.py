@@ -11,9 +11,11 @@ import pandas as pd
 
 from mx_proxy.cli.bench import BENCHMARKS, describe
 from mx_proxy.cli.config_options import add_config_options, config_from_args
+from mx_proxy.cli.executor_options import add_executor_options, executor_from_args, report_failures
 from mx_proxy.cli.experiment_commands import add_experiment_commands, add_store_options, guard, store_arg
 from mx_proxy.cli.help import PlainFormatter, cli_message
 from mx_proxy.experiments import campaign, campaign_status, report, scales
+from mx_proxy.experiments.executors import UnitsFailed
 from mx_proxy.runner import loop as runner
 from mx_proxy.viz.figures import FIGURE_DOCS, FIGURES, campaign_figures, default_dir, generate
 
@@ -60,13 +62,18 @@ def _campaign(args) -> int:
     if args.status:
         return _campaign_status(args)
     try:
+        executor = executor_from_args(args, os.path.join(args.out, "slurm"), store=not args.no_store)
         index = campaign.run(args.scale, args.out, kinds=args.only or campaign.KINDS, widths=args.widths,
-                             seeds=args.seeds, progress=not args.quiet, store=not args.no_store, estimate=args.estimate)
+                             seeds=args.seeds, progress=not args.quiet, store=not args.no_store, estimate=args.estimate,
+                             executor=executor)
     except ValueError as err:
         args.parser.error(cli_message(str(err)))
+    except UnitsFailed as err:
+        return report_failures("campaign", err)
     except KeyboardInterrupt:
+        jobs = " (Slurm jobs keep running: rerun to attach to them, or scancel them)" if args.executor == "slurm" else ""
         print("mx-proxy campaign: interrupted; finished runs are kept in the store and results folder, "
-              "and a rerun resumes", file=sys.stderr)
+              f"and a rerun resumes{jobs}", file=sys.stderr)
         return 130
     if len(index):
         cols = ["label", "diverged_at", "final_loss", "steps_run", "wall_time_s"]
@@ -83,6 +90,8 @@ def _campaign_status(args) -> int:
     try:
         table = campaign_status.status(args.scale, args.out, widths=args.widths, seeds=args.seeds,
                                        kinds=[k for k in (args.only or campaign.KINDS) if k != "intervention"])
+        units = campaign_status.jobs(args.out)
+        table = campaign_status.with_jobs(table, units)
     except ValueError as err:
         args.parser.error(cli_message(str(err)))
     with pd.option_context("display.width", 200, "display.max_columns", None, "display.float_format", "{:.4g}".format):
@@ -90,7 +99,21 @@ def _campaign_status(args) -> int:
     if len(table) and table["state"].isin(["training", "interrupted"]).any():
         print("(training / interrupted: metrics of the steps before the newest checkpoint, not final results; "
               "s_per_step: its fastest interval between two checkpoints, eta_h the steps left at that speed)")
+    _print_jobs(units)
     return 0
+
+
+def _print_jobs(jobs: pd.DataFrame) -> None:
+    """The Slurm units of a campaign (job, state, newest checkpoint, log), and each failed one's last log lines."""
+    if not len(jobs):
+        return
+    print("\nSlurm units (rerun the campaign command to resume the unfinished ones from their newest checkpoints):")
+    cols = ["unit", "job", "state", "checkpoint", "stdout"]
+    with pd.option_context("display.width", 250, "display.max_columns", None, "display.max_colwidth", 90):
+        print(jobs[cols].to_string(index=False))
+    for _, row in jobs[jobs["tail"] != ""].iterrows():
+        print(f"\n{row['unit']} (job {row['job']}, {row['state']}): last lines of {row['stderr']}")
+        print("\n".join(f"    | {line}" for line in row["tail"].splitlines()))
 
 
 def _report(args) -> int:
@@ -145,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "started; steps done, its metrics so far, the time left)")
     camp.add_argument("--no-store", action="store_true",
                       help="keep the runs in memory (no OUT/runs: nothing to resume from); results are still written")
+    add_executor_options(camp)
     camp.set_defaults(func=_campaign, parser=camp)
 
     rep = sub.add_parser(
