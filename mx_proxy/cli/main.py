@@ -11,7 +11,7 @@ import pandas as pd
 
 from mx_proxy.cli.bench import BENCHMARKS, describe
 from mx_proxy.cli.config_options import add_config_options, config_from_args
-from mx_proxy.cli.executor_options import add_executor_options, executor_from_args, report_failures
+from mx_proxy.cli.executor_options import SLURM_FLAGS, add_executor_options, executor_from_args, report_failures
 from mx_proxy.cli.experiment_commands import add_experiment_commands, add_store_options, guard, store_arg
 from mx_proxy.cli.help import PlainFormatter, cli_message
 from mx_proxy.experiments import campaign, campaign_status, report, scales
@@ -48,10 +48,14 @@ def _train(args) -> int:
 def _figures(args) -> int:
     try:
         store = store_arg(args)
+        executor = None if args.executor == "local" and not any(getattr(args, f, None) for f in SLURM_FLAGS) else \
+            executor_from_args(args, os.path.join(store or ".", ".slurm"), store=store)
         written = generate(args.only, scale=args.scale, out=args.out, store=store or None, results=args.results,
-                           pdf=args.pdf, jobs=args.jobs, progress=not args.quiet)
+                           pdf=args.pdf, jobs=args.jobs, progress=not args.quiet, executor=executor)
     except ValueError as err:
         args.parser.error(cli_message(str(err)))
+    except UnitsFailed as err:
+        return report_failures("figures", err)
     if written:
         print(f"{len(written)} figure file(s) in {os.path.dirname(written[0])}"
               + ("" if store is False else f"; run store: {store}"))
@@ -205,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "1: everything in this process)")
     figures.add_argument("--quiet", action="store_true", help="no progress bar")
     add_store_options(figures, train=False, default=str(default_dir("runs")))
+    add_executor_options(figures)
     figures.set_defaults(func=_figures, parser=figures)
     return parser
 
