@@ -21,10 +21,11 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
+from mx_proxy.store import checkpoint as ckpt
 from mx_proxy.store import files
 from mx_proxy.store import run_store as _store
 
-__all__ = ["WorkUnit", "Work", "Executor", "Failure", "UnitsFailed", "stored", "OnUnit"]
+__all__ = ["WorkUnit", "Work", "Executor", "Failure", "UnitsFailed", "stored", "newest_checkpoint", "OnUnit"]
 
 
 @runtime_checkable
@@ -127,3 +128,11 @@ def stored(store: str | Path | None, keys: Sequence[str]) -> bool:
         except files.EntryError:
             return False
     return True
+
+
+def newest_checkpoint(store: str | Path, keys: Sequence[str]) -> int | None:
+    """The step of the newest checkpoint any training folder of ``keys`` in
+    ``store`` holds (where the unit resumes), or ``None``."""
+    root = Path(store)
+    steps = [s for k in keys for d in root.glob(f"{k}.partial-*") for s in ckpt.steps(d / "checkpoints")]
+    return max(steps) if steps else None

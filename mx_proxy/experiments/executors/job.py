@@ -28,6 +28,7 @@ import time
 
 import submitit
 
+from mx_proxy.experiments.executors.base import newest_checkpoint
 from mx_proxy.runner import loop as runner
 from mx_proxy.store import run_store as _store
 
@@ -76,8 +77,10 @@ class UnitJob(submitit.helpers.Checkpointable):
 
         for s in handlers:
             signal.signal(s, stop)
+        resume = newest_checkpoint(self.store, self.keys)
         _say(f"unit {self.name}: {len(self.keys)} run(s) into {self.store} on {socket.gethostname()}"
-             + (f", CPUs {sorted(cpus)}" if cpus else ""))
+             + (f", CPUs {sorted(cpus)}" if cpus else "")
+             + (f"; resuming from the checkpoint at step {resume}" if resume is not None else ""))
         t0 = time.time()
         try:
             self.fn(*self.args, store=self.store, progress=False)

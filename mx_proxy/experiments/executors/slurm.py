@@ -32,10 +32,9 @@ from typing import Callable, Sequence
 import submitit
 from submitit.slurm.slurm import SlurmInfoWatcher
 
-from mx_proxy.experiments.executors.base import Failure, OnUnit, WorkUnit, stored
+from mx_proxy.experiments.executors.base import Failure, OnUnit, WorkUnit, newest_checkpoint, stored
 from mx_proxy.experiments.executors.job import UnitJob
 from mx_proxy.experiments.executors.options import SlurmOptions
-from mx_proxy.store import checkpoint as ckpt
 from mx_proxy.store import files
 
 __all__ = ["SlurmExecutor", "unit_id", "read_record", "job_states", "log_tail", "jobs", "ACTIVE", "RECORD"]
@@ -187,11 +186,16 @@ class SlurmExecutor:
 
     def _wait(self, units: Sequence[WorkUnit], jobs: dict, on_done: OnUnit, log) -> list[Failure]:
         """Poll every job until each finished; ``on_done`` for those that
-        completed, a :class:`Failure` for the others."""
+        completed, a :class:`Failure` for the others. Result files (written
+        as a job's function returns) are looked for every second, the
+        scheduler (``sacct``) every ``poll_s`` seconds."""
         left = {unit_id(u): u for u in units}
         failures: list[Failure] = []
+        states: dict[str, str] = {}
+        asked = 0.0
         while left:
-            states = job_states([jobs[uid].job_id for uid in left])
+            if time.time() - asked >= self.options.poll_s:
+                states, asked = job_states([jobs[uid].job_id for uid in left]), time.time()
             for uid, unit in list(left.items()):
                 job = jobs[uid]
                 outcome = _outcome(job, states.get(job.job_id, "UNKNOWN"))
@@ -206,7 +210,7 @@ class SlurmExecutor:
                     failures.append(Failure(unit.name, outcome, job.job_id, logs, log_tail(logs)))
                     log(f"unit {unit.name}: {outcome} (job {job.job_id}); log: {logs[0]}")
             if left:
-                time.sleep(self.options.poll_s)
+                time.sleep(min(1.0, self.options.poll_s))
         return failures
 
 
@@ -215,6 +219,11 @@ def _outcome(job: submitit.SlurmJob, state: str) -> str | None:
     raised in the job), or ``None`` while the job may still run. A job's
     result file decides first: it is written when the function returned or
     raised, before Slurm's state catches up."""
+    folder = job.paths.folder
+    try:  # refresh a network filesystem's view of the folder (as submitit does) before looking for the result
+        folder.chmod(folder.stat().st_mode)
+    except OSError:
+        pass
     if job.paths.result_pickle.exists():
         try:
             job.result()
@@ -224,12 +233,6 @@ def _outcome(job: submitit.SlurmJob, state: str) -> str | None:
     if state in ACTIVE:
         return None
     return "FAILED" if state == "COMPLETED" else state  # finished without a result: it did not return
-
-
-def _newest_checkpoint(store: Path, keys: Sequence[str]) -> int | None:
-    """The step of the newest checkpoint any training folder of ``keys`` holds (the unit resumes from there)."""
-    steps = [s for k in keys for d in store.glob(f"{k}.partial-*") for s in ckpt.steps(d / "checkpoints")]
-    return max(steps) if steps else None
 
 
 def jobs(folder: str | Path, store: str | Path) -> list[dict]:
@@ -258,6 +261,6 @@ def jobs(folder: str | Path, store: str | Path) -> list[dict]:
                 row["state"] = "done" if outcome == "COMPLETED" else f"failed ({outcome})"
                 if outcome != "COMPLETED":
                     row["tail"] = log_tail((row["stderr"], row["stdout"]))
-            row["checkpoint"] = _newest_checkpoint(store, keys)
+            row["checkpoint"] = newest_checkpoint(store, keys)
         rows.append(row)
     return rows
