@@ -119,10 +119,12 @@ def test_a_job_keeps_to_its_cpus_where_slurm_does_not_pin(monkeypatch):
     pinned = []
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: pinned.append(cpus))
-    assert _job.limit_cpus({"SLURM_CPUS_PER_TASK": "2", "SLURM_ARRAY_TASK_ID": "1"}) == {2, 3}
-    assert _job.limit_cpus({"SLURM_CPUS_PER_TASK": "1", "SLURM_ARRAY_TASK_ID": "5"}) == {1}
+    assert _job.limit_cpus({"SLURM_CPUS_PER_TASK": "2"}, allocated={1, 3}) == {1, 3}  # what Slurm allocated
+    assert _job.limit_cpus({"SLURM_CPUS_PER_TASK": "2", "SLURM_ARRAY_TASK_ID": "1"}, allocated=set()) == {2, 3}
+    assert _job.limit_cpus({"SLURM_CPUS_PER_TASK": "1", "SLURM_ARRAY_TASK_ID": "5"}, allocated={7}) == {1}
     assert _job.limit_cpus({"SLURM_CPUS_PER_TASK": "4"}) is None  # already its own
-    assert _job.limit_cpus({}) is None and pinned == [{2, 3}, {1}]
+    assert _job.limit_cpus({}) is None and pinned == [{1, 3}, {2, 3}, {1}]
+    assert _job._expand("0-2,5") == {0, 1, 2, 5} and _job.allocated_cpus(None) == set()
 
 
 def test_the_slurm_record_and_stored_units(tmp_path):
@@ -142,3 +144,13 @@ def test_the_slurm_record_and_stored_units(tmp_path):
     failure = executors.Failure("grid: a, b", "FAILED", "7_1", ("7_1.err",), "Traceback\nValueError: too big")
     assert "grid: a, b (job 7_1, FAILED); log: 7_1.err\n    | Traceback\n    | ValueError: too big" in \
         str(executors.UnitsFailed([failure]))
+
+
+def test_one_submitter_at_a_time_per_folder(tmp_path):
+    ex = executors.make("slurm", folder=tmp_path)
+    with ex._only_submitter():
+        with pytest.raises(ValueError, match=r"another command is already submitting .* \(pid \d+ on "):
+            with executors.make("slurm", folder=tmp_path)._only_submitter():
+                pass
+    with ex._only_submitter():  # released
+        pass

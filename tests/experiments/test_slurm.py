@@ -22,6 +22,7 @@ import pandas as pd
 import pytest
 
 import mx_proxy as mxp
+from mx_proxy.cli.main import main
 from mx_proxy.experiments import campaign, executors, scales
 from mx_proxy.experiments.executors import slurm as _slurm
 from mx_proxy.store import checkpoint as ckpt
@@ -51,11 +52,6 @@ def cluster():
         os.environ["SLURM_CONF"] = before
 
 
-def _cli(env, *args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "mx_proxy.cli", *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=timeout)
-
-
 def _wait(what, predicate, timeout=120.0):
     t0 = time.time()
     while time.time() - t0 < timeout:
@@ -72,13 +68,20 @@ def _same_metrics(a: pd.DataFrame, b: pd.DataFrame):
         assert np.array_equal(a[col].to_numpy(), b[col].to_numpy(), equal_nan=True), col
 
 
-def test_the_smoke_campaign_as_an_array_job_equals_the_local_executors_bit_for_bit(cluster, tmp_path):
+def _main(capsys, *args) -> tuple[int, str, str]:
+    """The mx-proxy command in this process (the submitter only plans, submits, polls and exports)."""
+    code = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_the_smoke_campaign_as_an_array_job_equals_the_local_executors_bit_for_bit(cluster, tmp_path, capsys):
     local, remote = tmp_path / "local", tmp_path / "slurm"
     index = campaign.run("smoke", local, progress=False, log=lambda *_: None)  # compiles: the jobs reuse the cache
-    done = _cli(cluster, "campaign", "--scale", "smoke", "--out", remote, "--executor", "slurm", "--quiet")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "submitted 4 unit(s) as Slurm array job" in done.stdout  # paired, control, 2 grid groups
-    assert "submitted 1 unit(s)" in done.stdout  # then the interventions, from the trained paired run
+    code, out, err = _main(capsys, "campaign", "--scale", "smoke", "--out", remote, "--executor", "slurm", "--quiet")
+    assert code == 0, err[-3000:]
+    assert "submitted 4 unit(s) as Slurm array job" in out  # paired, control, 2 grid groups
+    assert "submitted 1 unit(s)" in out  # then the interventions, from the trained paired run
     labels = sorted(index["label"])
     assert sorted(p.parent.name for p in (remote / "results").glob("*/run.json")) == labels
     for label in labels:
@@ -87,18 +90,18 @@ def test_the_smoke_campaign_as_an_array_job_equals_the_local_executors_bit_for_b
         assert (a / "config.json").read_text() == (b / "config.json").read_text()
         assert json.loads((b / "run.json").read_text())["diverged_at"] == \
             json.loads((a / "run.json").read_text())["diverged_at"]
-    again = _cli(cluster, "campaign", "--scale", "smoke", "--out", remote, "--executor", "slurm", "--quiet")
-    assert again.returncode == 0 and "submitted" not in again.stdout  # the store holds everything: nothing retrains
-    status = _cli(cluster, "campaign", "--scale", "smoke", "--out", remote, "--status")
-    assert status.returncode == 0, status.stderr
+    code, out, err = _main(capsys, "campaign", "--scale", "smoke", "--out", remote, "--executor", "slurm", "--quiet")
+    assert code == 0 and "submitted" not in out  # the store holds everything: nothing retrains
+    code, status, err = _main(capsys, "campaign", "--scale", "smoke", "--out", remote, "--status")
+    assert code == 0, err
     units = _slurm.jobs(remote / "slurm", remote / "runs")
     assert len(units) == 5 and {u["state"] for u in units} == {"done"}
     for u in units:
-        assert u["job"] in status.stdout and u["stdout"] in status.stdout
+        assert u["job"] in status and u["stdout"] in status
 
 
-SWEEP = ["sweep", "--width", "32", "--depth", "2", "--batch", "64", "--steps", "3000", "--diagnostics-every", "10",
-         "--val-every", "50", "--checkpoint-every", "250", "--recipe", "mxfp8_e4m3", "--executor", "slurm", "--quiet"]
+SWEEP = ["sweep", "--width", "32", "--depth", "2", "--batch", "64", "--steps", "2000", "--diagnostics-every", "10",
+         "--val-every", "50", "--checkpoint-every", "200", "--recipe", "mxfp8_e4m3", "--executor", "slurm", "--quiet"]
 
 
 def _checkpoints(store: Path) -> list[int]:
@@ -109,7 +112,7 @@ def _state(job: str) -> str:
     return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
 
 
-def test_a_preempted_then_cancelled_job_resumes_and_ends_equal_to_an_uninterrupted_run(cluster, tmp_path):
+def test_a_preempted_then_cancelled_job_resumes_and_ends_equal_to_an_uninterrupted_run(cluster, tmp_path, capsys):
     store = tmp_path / "runs"
     running = subprocess.Popen([sys.executable, "-m", "mx_proxy.cli", *SWEEP, "--store", str(store)], env=cluster,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -131,20 +134,21 @@ def test_a_preempted_then_cancelled_job_resumes_and_ends_equal_to_an_uninterrupt
     log = Path(record["stdout"]).read_text()
     assert f"stopped at step {stopped}" in log and "Requeued job" in log
     cancelled_at = _checkpoints(store)[-1]
-    rerun = _cli(cluster, *SWEEP, "--store", store)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    cfg = mxp.Config(width=32, depth=2, batch=64, steps=3000, diagnostics_every=10, val_every=50,
-                     checkpoint_every=250, recipe="mxfp8_e4m3")
+    code, out, err = _main(capsys, *SWEEP, "--store", store)
+    assert code == 0, err[-3000:]
+    assert "submitted 1 unit(s)" in out
+    cfg = mxp.Config(width=32, depth=2, batch=64, steps=2000, diagnostics_every=10, val_every=50,
+                     checkpoint_every=200, recipe="mxfp8_e4m3")
     stored = mxp.load(store / cfg.hash())
     assert stored.info["resumed_from"] == cancelled_at > stopped > 0
-    assert stopped % 250 == 0 or ckpt.meta(store / cfg.hash() / "checkpoints", stopped)["stopped"]
+    assert stopped % 200 == 0 or ckpt.meta(store / cfg.hash() / "checkpoints", stopped)["stopped"]
     here = mxp.train(cfg, progress=False)
     _same_metrics(stored.metrics, here.metrics)
     for a, b in zip(jax.tree.leaves(stored.params), jax.tree.leaves(here.params), strict=True):
         assert np.array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_a_failing_unit_is_reported_with_its_log_and_blocks_no_other(cluster, tmp_path):
+def test_a_failing_unit_is_reported_with_its_log_and_blocks_no_other(cluster, tmp_path, capsys):
     s = scales.get("smoke")
     s = dataclasses.replace(s, campaign=dataclasses.replace(s.campaign, grid_widths=(32, 1 << 16),
                                                             grid_recipes=("fp32",)))  # width 65536: too big
@@ -156,7 +160,6 @@ def test_a_failing_unit_is_reported_with_its_log_and_blocks_no_other(cluster, tm
     assert "needs at least" in failure.tail and "make it smaller" in failure.tail
     assert sorted(p.parent.name for p in (tmp_path / "results").glob("*/run.json")) == \
         ["grid-w32-fp32-lr1e-2", "grid-w32-fp32-lr3e-3"]  # the other unit finished and was exported
-    status = _cli(cluster, "campaign", "--scale", "smoke", "--out", tmp_path, "--status", "--only", "grid")
-    assert status.returncode == 0, status.stderr
-    assert "failed (FAILED)" in status.stdout and "needs at least" in status.stdout
-    assert failure.log[0] in status.stdout
+    code, status, err = _main(capsys, "campaign", "--scale", "smoke", "--out", tmp_path, "--status", "--only", "grid")
+    assert code == 0, err
+    assert "failed (FAILED)" in status and "needs at least" in status and failure.log[0] in status

@@ -6,7 +6,8 @@
   the submitter runs one job per unit at a time, so a training folder a
   cancelled or failed job left, on any host, is this job's to resume;
 - keeps XLA to the job's ``--cpus-per-task`` where Slurm does not pin CPUs
-  (``task/none``): XLA sizes its thread pool by the process's CPU affinity;
+  (``task/none``): it pins itself to the CPUs Slurm allocated it (XLA sizes
+  its thread pool by the process's CPU affinity);
 - on ``SIGUSR1``/``SIGUSR2`` (Slurm's warning before a time limit or a
   preemption; submitit asks for ``SIGUSR2`` 90 s ahead) or ``SIGTERM``
   (``scancel``, preemption) sets :data:`mx_proxy.runner.loop.stop`: the host
@@ -21,8 +22,11 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 import time
 
@@ -32,23 +36,57 @@ from mx_proxy.experiments.executors.base import newest_checkpoint
 from mx_proxy.runner import loop as runner
 from mx_proxy.store import run_store as _store
 
-__all__ = ["UnitJob", "limit_cpus"]
+__all__ = ["UnitJob", "limit_cpus", "allocated_cpus"]
 
 _REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 
 
-def limit_cpus(environ=os.environ) -> set[int] | None:
-    """Pin this process to ``SLURM_CPUS_PER_TASK`` of the CPUs it may use
-    when Slurm left it more (``task/none``), chosen by the array task index
-    so that the tasks sharing a node use different cores; returns the CPUs
-    pinned to, or ``None`` where nothing needed pinning. Must run before JAX
-    starts its CPU backend."""
+def _expand(ids: str) -> set[int]:
+    """``0-2,5`` as {0, 1, 2, 5}."""
+    out: set[int] = set()
+    for part in ids.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def allocated_cpus(job_id: str | None) -> set[int]:
+    """The CPU ids Slurm allocated to job ``job_id`` on this node
+    (``scontrol show job -d``: ``CPU_IDs=``), or an empty set where it does
+    not say. Slurm assigns them even where its task plugin does not enforce
+    them (``task/none``)."""
+    if not job_id or shutil.which("scontrol") is None:
+        return set()
+    try:
+        text = subprocess.run(["scontrol", "show", "job", "-d", str(job_id)], capture_output=True, text=True,
+                              timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    host = socket.gethostname().split(".")[0]
+    for line in text.splitlines():
+        m = re.search(r"Nodes=(\S+) CPU_IDs=([\d,-]+)", line)
+        if m and (m.group(1) == host or len(re.findall("CPU_IDs=", text)) == 1):
+            return _expand(m.group(2))
+    return set()
+
+
+def limit_cpus(environ=os.environ, allocated: set[int] | None = None) -> set[int] | None:
+    """Pin this process to its ``SLURM_CPUS_PER_TASK`` CPUs when Slurm left
+    it more (``task/none``): those Slurm allocated to the job (``allocated``,
+    default :func:`allocated_cpus`), else a block chosen by the array task
+    index; returns the CPUs pinned to, or ``None`` where nothing needed
+    pinning. XLA sizes its thread pool by this affinity, so it must run
+    before JAX starts its CPU backend."""
     want = int(environ.get("SLURM_CPUS_PER_TASK") or 0)
     have = sorted(os.sched_getaffinity(0))
     if not want or want >= len(have):
         return None
-    first = int(environ.get("SLURM_ARRAY_TASK_ID") or 0) * want % len(have)
-    cpus = {have[(first + i) % len(have)] for i in range(want)}
+    if allocated is None:
+        allocated = allocated_cpus(environ.get("SLURM_JOB_ID"))
+    cpus = allocated & set(have)
+    if len(cpus) != want:
+        first = int(environ.get("SLURM_ARRAY_TASK_ID") or 0) * want % len(have)
+        cpus = {have[(first + i) % len(have)] for i in range(want)}
     os.sched_setaffinity(0, cpus)
     return cpus
 

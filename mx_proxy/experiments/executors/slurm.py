@@ -21,10 +21,13 @@ needs accounting (slurmdbd). Logs and submitit's pickles live in
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+import socket
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -142,12 +145,34 @@ class SlurmExecutor:
         if not pending:
             return []
         self.folder.mkdir(parents=True, exist_ok=True)
-        jobs = self._attach(pending, log)
-        fresh = [u for u in pending if unit_id(u) not in jobs]
-        jobs.update(self._submit(fresh, store, log))
-        for unit in pending:
-            on_start(unit, None)
-        return self._wait(pending, jobs, on_done, log)
+        with self._only_submitter():
+            jobs = self._attach(pending, log)
+            fresh = [u for u in pending if unit_id(u) not in jobs]
+            jobs.update(self._submit(fresh, store, log))
+            for unit in pending:
+                on_start(unit, None)
+            return self._wait(pending, jobs, on_done, log)
+
+    @contextlib.contextmanager
+    def _only_submitter(self):
+        """Hold ``FOLDER/.submitter.lock`` while submitting and polling: two
+        commands submitting the same units at once would run two jobs per unit."""
+        with open(self.folder / ".submitter.lock", "a+") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                f.seek(0)
+                raise ValueError(f"another command is already submitting and polling the units of {self.folder} "
+                                 f"({f.read().strip() or 'a live process'}); wait for it, or stop it (its jobs keep "
+                                 f"running) and rerun") from None
+            f.seek(0)
+            f.truncate()
+            f.write(f"pid {os.getpid()} on {socket.gethostname()}")
+            f.flush()
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
 
     def _attach(self, units: Sequence[WorkUnit], log) -> dict[str, submitit.SlurmJob]:
         """The jobs of a previous call still pending or running, by unit id."""
