@@ -220,7 +220,7 @@ def run(scale: str | _scales.Scale, out: str | os.PathLike, *, kinds: Iterable[s
     if widths is not None:
         widths = set(widths)
         entries = [e for e in entries if e.config.width in widths]
-    units = _units(entries)
+    units = campaign_units.by_kind(entries, KINDS)
     t0 = time.perf_counter()
     trained: dict[str, Run] = {}  # label -> run, as units finish
     kind_of = {u.name: k for k, us in units.items() for u in us}
@@ -260,21 +260,6 @@ def run(scale: str | _scales.Scale, out: str | os.PathLike, *, kinds: Iterable[s
     if failures:
         raise executors.UnitsFailed(failures)
     return index
-
-
-def _units(entries: list[Entry]) -> dict[str, list[executors.Work]]:
-    """The units of work of ``entries`` by kind: one per compiled program (LRs
-    and seeds vmapped; paired recipes beside their shared FP32 run)."""
-    groups: dict = {}
-    for e in entries:
-        key = (e.kind, e.config.replace(lr=1.0, seed=0, reference_seed=None))
-        if e.kind == "paired":
-            key = (e.kind, e.config.replace(recipe="fp32"))
-        groups.setdefault(key, []).append(e)
-    units: dict[str, list] = {k: [] for k in KINDS}
-    for (kind, _), members in groups.items():
-        units[kind].append(campaign_units.group_work(kind, members, f"{kind}: {', '.join(m.label for m in members)}"))
-    return units
 
 
 def _from_store(store, unit) -> list[Run]:

@@ -29,7 +29,8 @@ from mx_proxy.training import twins
 from mx_proxy.training.config import Config
 from mx_proxy.training.result import Run
 
-__all__ = ["train_group", "intervene_from", "group_work", "intervention_work", "child_label", "child_config"]
+__all__ = ["train_group", "intervene_from", "by_kind", "group_work", "intervention_work", "child_label",
+           "child_config"]
 
 
 def _lr_only(configs: list[Config]) -> bool:
@@ -66,6 +67,22 @@ def intervene_from(parent, at_step: int, names: list[str], *, store, progress: b
     return [interventions.intervene(source, at_step, apply=name, checkpoint_at=(), checkpoint_every=0,
                                     store=store if store is not None else False, progress=progress)
             for name in names]
+
+
+def by_kind(entries: list, kinds) -> dict[str, list[Work]]:
+    """The units of the planned ``entries`` (with ``label``, ``kind`` and
+    ``config``), by kind (every one of ``kinds`` a key): one per compiled
+    program, LRs and seeds vmapped, paired recipes beside their shared FP32 run."""
+    groups: dict = {}
+    for e in entries:
+        key = (e.kind, e.config.replace(lr=1.0, seed=0, reference_seed=None))
+        if e.kind == "paired":
+            key = (e.kind, e.config.replace(recipe="fp32"))
+        groups.setdefault(key, []).append(e)
+    units: dict[str, list] = {k: [] for k in kinds}
+    for (kind, _), members in groups.items():
+        units[kind].append(group_work(kind, members, f"{kind}: {', '.join(m.label for m in members)}"))
+    return units
 
 
 def group_work(kind: str, members: list, name: str) -> Work:

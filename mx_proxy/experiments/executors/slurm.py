@@ -80,7 +80,7 @@ def job_states(job_ids: Sequence[str]) -> dict[str, str]:
     if not ids:
         return {}
     if shutil.which("sacct") is None:
-        return dict.fromkeys(ids, "UNKNOWN (no sacct here)")
+        return dict.fromkeys(ids, "UNKNOWN")  # no scheduler here to ask
     watcher = SlurmInfoWatcher(delay_s=0)
     for j in ids:
         watcher.register_job(j)
