@@ -19,7 +19,7 @@ from mx_proxy.experiments.executors.base import UnitsFailed
 __all__ = ["add_executor_options", "executor_from_args", "report_failures", "SLURM_FLAGS"]
 
 SLURM_FLAGS = ("slurm_partition", "slurm_time", "slurm_gpus_per_task", "slurm_cpus_per_task",
-               "slurm_array_parallelism", "slurm_setup", "slurm_option")
+               "slurm_array_parallelism", "slurm_signal_delay", "slurm_setup", "slurm_option")
 
 
 def add_executor_options(p: argparse.ArgumentParser) -> None:
@@ -38,6 +38,9 @@ def add_executor_options(p: argparse.ArgumentParser) -> None:
                    help="sbatch --cpus-per-task; XLA uses that many threads (default 1)")
     g.add_argument("--slurm-array-parallelism", type=int, metavar="N",
                    help="most array tasks running at once (default 256)")
+    g.add_argument("--slurm-signal-delay", type=int, metavar="SECONDS",
+                   help="Slurm warns a job this long before its time limit; it checkpoints at the end of the "
+                        "current segment and is requeued (default 300: more than a segment takes)")
     g.add_argument("--slurm-setup", nargs="+", action="extend", metavar="LINE",
                    help="shell lines run before each job, e.g. 'module load cuda/12' 'source .venv/bin/activate'")
     g.add_argument("--slurm-option", nargs="+", action="extend", metavar="KEY=VALUE",
@@ -48,7 +51,8 @@ def _slurm_options(args) -> executors.SlurmOptions:
     kw = {"partition": args.slurm_partition, "time": args.slurm_time or "1:00:00",
           "setup": tuple(args.slurm_setup or ()), "extra": executors.parse_extra(args.slurm_option)}
     for flag, field in (("slurm_gpus_per_task", "gpus_per_task"), ("slurm_cpus_per_task", "cpus_per_task"),
-                        ("slurm_array_parallelism", "array_parallelism")):
+                        ("slurm_array_parallelism", "array_parallelism"),
+                        ("slurm_signal_delay", "signal_delay_s")):
         if getattr(args, flag) is not None:
             kw[field] = getattr(args, flag)
     return executors.SlurmOptions(**kw)

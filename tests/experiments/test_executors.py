@@ -41,6 +41,7 @@ def test_slurm_times_in_every_sbatch_form(text, minutes):
     ({"extra": {"array": "0-3"}}, "'array' is set by the executor itself; options it sets: array, output"),
     ({"extra": {"time": "5"}}, "'time' has its own flag: --slurm-time"),
     ({"setup": [1]}, "slurm setup must be shell lines"),
+    ({"time": 5, "signal_delay_s": 300}, r"slurm signal delay \(300 s\) must be shorter than the time limit \(5 min\)"),
 ])
 def test_slurm_options_refuse_bad_values_naming_what_is_valid(kw, message):
     with pytest.raises(ValueError, match=message):
@@ -53,6 +54,7 @@ def test_slurm_options_become_submitit_parameters():
     p = o.parameters()
     assert p["time"] == 240 and p["partition"] == "gpu" and p["gpus_per_task"] == 1 and p["cpus_per_task"] == 8
     assert p["setup"] == ["module load cuda"] and p["additional_parameters"] == {"mem": "16G", "exclusive": True}
+    assert p["signal_delay_s"] == 300
     assert "gpus_per_task" not in executors.SlurmOptions().parameters()  # CPU jobs ask for no GPU
     with pytest.raises(ValueError, match="slurm option 'x y' is not KEY=VALUE"):
         executors.parse_extra(["x y"])

@@ -9,7 +9,7 @@
   (``task/none``): it pins itself to the CPUs Slurm allocated it (XLA sizes
   its thread pool by the process's CPU affinity);
 - on ``SIGUSR1``/``SIGUSR2`` (Slurm's warning before a time limit or a
-  preemption; submitit asks for ``SIGUSR2`` 90 s ahead) or ``SIGTERM``
+  preemption: ``SIGUSR2``, ``SlurmOptions.signal_delay_s`` ahead) or ``SIGTERM``
   (``scancel``, preemption) sets :data:`mx_proxy.runner.loop.stop`: the host
   loop checkpoints every unfinished run at the end of its segment and stops.
   After a USR signal the job is requeued through submitit

@@ -88,6 +88,10 @@ class SlurmOptions:
       setup: shell lines run before each job (``module load cuda``, ``source .venv/bin/activate``).
       extra: any other sbatch options, ``{"mem": "8G", "account": "proj"}``
         (:func:`parse_extra` takes ``KEY=VALUE`` strings).
+      signal_delay_s: how long before the time limit Slurm warns the job
+        (``SIGUSR2``): at least one segment of training (up to ``val_every``
+        or ~100 steps; minutes for a big run on a CPU), so the job can
+        checkpoint and requeue before it is killed.
       max_requeues: how often a unit may be requeued after a time limit.
       poll_s: seconds between two looks at the jobs' states.
     """
@@ -99,6 +103,7 @@ class SlurmOptions:
     array_parallelism: int = 256
     setup: tuple[str, ...] = ()
     extra: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    signal_delay_s: int = 300
     max_requeues: int = 20
     poll_s: float = 5.0
 
@@ -111,6 +116,10 @@ class SlurmOptions:
         _count("slurm cpus per task", self.cpus_per_task, 1)
         _count("slurm array parallelism", self.array_parallelism, 1)
         _count("max_requeues", self.max_requeues, 0)
+        _count("slurm signal delay", self.signal_delay_s, 1)
+        if self.signal_delay_s >= self.time * 60:
+            raise ValueError(f"slurm signal delay ({self.signal_delay_s} s) must be shorter than the time limit "
+                             f"({self.time} min)")
         if isinstance(self.poll_s, bool) or not isinstance(self.poll_s, (int, float)) or self.poll_s <= 0:
             raise ValueError(f"poll_s must be a positive number of seconds, got {self.poll_s!r}")
         setup = (self.setup,) if isinstance(self.setup, str) else tuple(self.setup)
@@ -123,7 +132,8 @@ class SlurmOptions:
     def parameters(self) -> dict:
         """These options as :meth:`submitit.SlurmExecutor.update_parameters` takes them."""
         out = {"time": self.time, "cpus_per_task": self.cpus_per_task, "array_parallelism": self.array_parallelism,
-               "job_name": "mx-proxy", "setup": list(self.setup), "additional_parameters": dict(self.extra)}
+               "job_name": "mx-proxy", "setup": list(self.setup), "additional_parameters": dict(self.extra),
+               "signal_delay_s": self.signal_delay_s}
         if self.partition:
             out["partition"] = self.partition
         if self.gpus_per_task:
