@@ -5,7 +5,8 @@ brings it up for these tests and stops it afterwards). Skipped, with the reason,
   trains nothing, ``--status`` names every unit's job;
 - a job preempted (SIGUSR2: checkpoint, requeue, continue) and then cancelled mid-run (``scancel``: checkpoint,
   exit), the command rerun: it resumes from the checkpoint and ends equal to an uninterrupted run;
-- a failing unit (a config too big for the node) is reported with its log's last lines and blocks no other.
+- a failing unit (a config too big for the node) is reported with its log's last lines and blocks no other;
+- a rerun after the submitting process died attaches to the job still running instead of submitting another.
 """
 
 import dataclasses
@@ -163,3 +164,20 @@ def test_a_failing_unit_is_reported_with_its_log_and_blocks_no_other(cluster, tm
     code, status, err = _main(capsys, "campaign", "--scale", "smoke", "--out", tmp_path, "--status", "--only", "grid")
     assert code == 0, err
     assert "failed (FAILED)" in status and "needs at least" in status and failure.log[0] in status
+
+
+def test_a_rerun_after_the_submitter_died_attaches_to_the_running_job(cluster, tmp_path, capsys):
+    store = tmp_path / "runs"
+    argv = [*SWEEP, "--steps", "400", "--store", str(store), "--slurm-setup", "sleep 8"]  # the job runs a while
+    submitter = subprocess.Popen([sys.executable, "-m", "mx_proxy.cli", *argv], env=cluster,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        record = _wait("the submission", lambda: _slurm.read_record(store / ".slurm"))
+        (job,) = [r["job"] for r in record.values()]
+        _wait("the job to start", lambda: _state(job) == "RUNNING")
+    finally:
+        submitter.kill()  # the login session ends; the job runs on
+        submitter.wait(timeout=60)
+    code, out, err = _main(capsys, *argv)
+    assert code == 0, err[-3000:]
+    assert f"attached to 1 job(s) still pending or running: {job}" in out and "submitted" not in out
