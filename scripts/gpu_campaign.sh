@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# The paper-scale campaign on one NVIDIA GPU (see docs/campaign.md), from the source tree, no network.
+# The paper-scale campaign on GPUs (see docs/campaign.md, docs/cluster.md), from the source tree, no network.
 #
-#   scripts/gpu_campaign.sh [SECONDS] [WORK]
+#   scripts/gpu_campaign.sh [SECONDS] [WORK] [CAMPAIGN OPTIONS...]
 #
-# Runs `mx-proxy campaign --scale paper` for at most SECONDS (default 480) into WORK
-# (default /tmp/proxy-paper); the campaign trains its headline first (paired
+# A thin wrapper over `mx-proxy campaign --scale paper --out WORK --quiet [CAMPAIGN OPTIONS...]`, run for at most
+# SECONDS (default 480) into WORK (default /tmp/proxy-paper). On one GPU machine give no options (the local
+# executor); on a Slurm cluster's login node give the executor's, e.g.
+#   scripts/gpu_campaign.sh 86400 /shared/proxy-paper --executor slurm --slurm-gpus-per-task 1 --slurm-partition gpu
+# (then SECONDS bounds the submitting process only: its jobs keep running, and a second call attaches to them).
+# The campaign trains its headline first (paired
 # run, interventions, controls, then the LR grid) and exports each run as it
 # finishes, so a time-limited call keeps everything it finished and a second
 # call resumes from the run store. Finished results and their figures are
@@ -23,7 +27,7 @@ import jax
 print("jax", jax.__version__, "devices", jax.devices())
 PY
 START=$(date +%s)
-timeout --signal=INT "$LIMIT" python -m mx_proxy.cli campaign --scale "$SCALE" --out "$WORK" --quiet
+timeout --signal=INT "$LIMIT" python -m mx_proxy.cli campaign --scale "$SCALE" --out "$WORK" --quiet "${@:3}"
 STATUS=$?
 echo "campaign exit status $STATUS after $(( $(date +%s) - START )) s (124/130: time limit reached, rerun to resume)"
 python -m mx_proxy.cli campaign --scale "$SCALE" --out "$WORK" --status || true  # where each run stands

@@ -5,6 +5,7 @@
     mx-proxy ensemble --out DIR --kind seed --arms fp32 paper_e4m3 --members 8 --horizon 7000 --width 256 ...
     mx-proxy ensemble --out DIR              # resume the ensemble saved in DIR
     mx-proxy ensemble --out DIR --status     # members done / left, hours left at the measured speed
+    mx-proxy ensemble --out DIR --executor slurm --slurm-time 4:00:00   # each unit one task of a Slurm array
 
 Every Config field is an option for the ``seed`` and ``data`` kinds (the
 members' base config); a branch ensemble takes its config from the branch
@@ -21,9 +22,11 @@ from pathlib import Path
 import pandas as pd
 
 from mx_proxy.cli.config_options import add_config_options, config_changes
+from mx_proxy.cli.executor_options import add_executor_options, executor_from_args, report_failures
 from mx_proxy.cli.help import cli_message
 from mx_proxy.experiments import ensemble as _ens
 from mx_proxy.experiments import branch, ensemble_report, ensemble_result, ensemble_status
+from mx_proxy.experiments.executors import UnitsFailed
 from mx_proxy.viz import plots
 from mx_proxy.training.config import Config
 
@@ -83,7 +86,8 @@ def _run(args) -> int:
         if args.status:
             return _status(args)
         spec = _spec(args) or _ens.read_spec(out)
-        _ens.run(spec, out, jobs=args.jobs, group_size=args.group_size, progress=not args.quiet)
+        executor = executor_from_args(args, out / "slurm", jobs=args.jobs)
+        _ens.run(spec, out, group_size=args.group_size, executor=executor, progress=not args.quiet)
         result = ensemble_result.load(out / "results")
         print(ensemble_report.for_folder(out / "results"), end="")
         if args.figures:
@@ -92,6 +96,8 @@ def _run(args) -> int:
                 path = Path(args.figures) / f"{spec.name}_{name}.png"
                 fn(result).savefig(path, dpi=130)
                 print(f"figure: {path}")
+    except UnitsFailed as err:
+        return report_failures("ensemble", err)
     except (ValueError, TypeError, OSError) as err:
         args.parser.error(cli_message(str(err)))
     except KeyboardInterrupt:
@@ -132,6 +138,7 @@ def add_ensemble_command(sub) -> argparse.ArgumentParser:
     p.add_argument("--status", action="store_true", help="train nothing: where each arm stands")
     p.add_argument("--figures", metavar="DIR", help="also draw the survival and blow-up-rate figures into DIR")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_executor_options(p)
     add_config_options(p, [f for f in Config.field_names() if f not in ("diagnostics_every", "checkpoint_every")])
     p.set_defaults(func=_run, parser=p)
     return p

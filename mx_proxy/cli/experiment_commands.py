@@ -24,8 +24,11 @@ from pathlib import Path
 import jax
 
 from mx_proxy.cli.config_options import add_config_options, config_changes
+from mx_proxy.cli.executor_options import add_executor_options, executor_from_args, report_failures
 from mx_proxy.cli.help import cli_message
 from mx_proxy.cli.parser import Parser
+from mx_proxy.experiments import parallel
+from mx_proxy.experiments.executors import UnitsFailed
 from mx_proxy.numerics.recipe import MITIGATIONS
 from mx_proxy.runner import interventions, loop as runner
 from mx_proxy.store import durable
@@ -92,15 +95,30 @@ def sweep_axes(args) -> tuple[Config, dict]:
     return Config(**base), axes
 
 
+def _submit_sweep(executor, base: Config, axes: dict, store, quiet: bool) -> int:
+    """Train the sweep's members the store lacks on ``executor`` (one unit
+    per compiled program); returns how many it trained."""
+    units = parallel.plan_units([(base, axes)], store)
+    failures = executor.run(units, store, progress=not quiet, log=print)
+    if failures:
+        raise UnitsFailed(failures)
+    return sum(len(u.configs) for u in units)
+
+
 def _cmd_sweep(args) -> int:
     base, axes = sweep_axes(args)
     store = store_arg(args)
     out = check_out(args.out) if args.out else None
+    executor = executor_from_args(args, Path(store or ".") / ".slurm", store=store)
     trained = []
     runner.hooks.append(trained.append)
     try:
+        if executor.name == "slurm":
+            trained += [None] * _submit_sweep(executor, base, axes, store, args.quiet)
         result = runner.sweep(base, store=store, force=args.force, progress=not args.quiet,
                               shard=not args.no_shard, **axes)
+    except UnitsFailed as err:
+        return report_failures("sweep", err)
     except KeyboardInterrupt:
         where = "memory (nothing kept)" if store is False else store
         print(f"mx-proxy sweep: interrupted after {len(trained)} trained member(s); finished members are in "
@@ -182,6 +200,7 @@ def add_experiment_commands(subparsers) -> None:
     add_store_options(sw)
     sw.add_argument("--no-shard", action="store_true", help="do not split members over several JAX devices")
     sw.add_argument("--out", default=None, metavar="FILE", help="write Sweep.to_frame() (.parquet or .csv)")
+    add_executor_options(sw)
     sw.set_defaults(func=guard(_cmd_sweep))
 
     iv = subparsers.add_parser(

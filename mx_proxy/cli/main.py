@@ -12,10 +12,12 @@ import pandas as pd
 from mx_proxy.cli.bench import BENCHMARKS, describe
 from mx_proxy.cli.config_options import add_config_options, config_from_args
 from mx_proxy.cli.ensemble_command import add_ensemble_command
+from mx_proxy.cli.executor_options import SLURM_FLAGS, add_executor_options, executor_from_args, report_failures
 from mx_proxy.cli.experiment_commands import add_experiment_commands, add_store_options, guard, store_arg
 from mx_proxy.cli.help import cli_message
 from mx_proxy.cli.parser import Parser
 from mx_proxy.experiments import campaign, campaign_status, report, scales
+from mx_proxy.experiments.executors import UnitsFailed
 from mx_proxy.runner import loop as runner
 from mx_proxy.viz.figures import FIGURE_DOCS, FIGURES, campaign_figures, default_dir, generate
 
@@ -39,10 +41,14 @@ def _train(args) -> int:
 def _figures(args) -> int:
     try:
         store = store_arg(args)
+        executor = None if args.executor == "local" and not any(getattr(args, f, None) for f in SLURM_FLAGS) else \
+            executor_from_args(args, os.path.join(store or ".", ".slurm"), store=store)
         written = generate(args.only, scale=args.scale, out=args.out, store=store or None, results=args.results,
-                           pdf=args.pdf, jobs=args.jobs, progress=not args.quiet)
+                           pdf=args.pdf, jobs=args.jobs, progress=not args.quiet, executor=executor)
     except ValueError as err:
         args.parser.error(cli_message(str(err)))
+    except UnitsFailed as err:
+        return report_failures("figures", err)
     if written:
         print(f"{len(written)} figure file(s) in {os.path.dirname(written[0])}"
               + ("" if store is False else f"; run store: {store}"))
@@ -53,13 +59,18 @@ def _campaign(args) -> int:
     if args.status:
         return _campaign_status(args)
     try:
+        executor = executor_from_args(args, os.path.join(args.out, "slurm"), store=not args.no_store)
         index = campaign.run(args.scale, args.out, kinds=args.only or campaign.KINDS, widths=args.widths,
-                             seeds=args.seeds, progress=not args.quiet, store=not args.no_store, estimate=args.estimate)
+                             seeds=args.seeds, progress=not args.quiet, store=not args.no_store, estimate=args.estimate,
+                             executor=executor)
     except ValueError as err:
         args.parser.error(cli_message(str(err)))
+    except UnitsFailed as err:
+        return report_failures("campaign", err)
     except KeyboardInterrupt:
+        jobs = " (Slurm jobs keep running: rerun to attach to them, or scancel them)" if args.executor == "slurm" else ""
         print("mx-proxy campaign: interrupted; finished runs are kept in the store and results folder, "
-              "and a rerun resumes", file=sys.stderr)
+              f"and a rerun resumes{jobs}", file=sys.stderr)
         return 130
     if len(index):
         cols = ["label", "diverged_at", "final_loss", "steps_run", "wall_time_s"]
@@ -76,6 +87,8 @@ def _campaign_status(args) -> int:
     try:
         table = campaign_status.status(args.scale, args.out, widths=args.widths, seeds=args.seeds,
                                        kinds=[k for k in (args.only or campaign.KINDS) if k != "intervention"])
+        units = campaign_status.jobs(args.out)
+        table = campaign_status.with_jobs(table, units)
     except ValueError as err:
         args.parser.error(cli_message(str(err)))
     with pd.option_context("display.width", 200, "display.max_columns", None, "display.float_format", "{:.4g}".format):
@@ -83,7 +96,21 @@ def _campaign_status(args) -> int:
     if len(table) and table["state"].isin(["training", "interrupted"]).any():
         print("(training / interrupted: metrics of the steps before the newest checkpoint, not final results; "
               "s_per_step: its fastest interval between two checkpoints, eta_h the steps left at that speed)")
+    _print_jobs(units)
     return 0
+
+
+def _print_jobs(jobs: pd.DataFrame) -> None:
+    """The Slurm units of a campaign (job, state, newest checkpoint, log), and each failed one's last log lines."""
+    if not len(jobs):
+        return
+    print("\nSlurm units (rerun the campaign command to resume the unfinished ones from their newest checkpoints):")
+    cols = ["unit", "job", "state", "checkpoint", "stdout"]
+    with pd.option_context("display.width", 250, "display.max_columns", None, "display.max_colwidth", 90):
+        print(jobs[cols].to_string(index=False))
+    for _, row in jobs[jobs["tail"] != ""].iterrows():
+        print(f"\n{row['unit']} (job {row['job']}, {row['state']}): last lines of {row['stderr']}")
+        print("\n".join(f"    | {line}" for line in row["tail"].splitlines()))
 
 
 def _report(args) -> int:
@@ -138,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "started; steps done, its metrics so far, the time left)")
     camp.add_argument("--no-store", action="store_true",
                       help="keep the runs in memory (no OUT/runs: nothing to resume from); results are still written")
+    add_executor_options(camp)
     camp.set_defaults(func=guard(_campaign), parser=camp)
     add_ensemble_command(sub)
 
@@ -178,7 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
                               "1: everything in this process)")
     figures.add_argument("--quiet", action="store_true", help="no progress bar")
     add_store_options(figures, train=False, default=str(default_dir("runs")))
-    figures.set_defaults(func=guard(_figures), parser=figures)
+    add_executor_options(figures)
+    figures.set_defaults(func=_figures, parser=figures)
     return parser
 
 

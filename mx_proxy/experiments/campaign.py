@@ -37,8 +37,9 @@ from typing import Callable, Iterable
 import jax
 import pandas as pd
 
-from mx_proxy.experiments import analysis, scales as _scales
+from mx_proxy.experiments import analysis, campaign_units, executors, scales as _scales
 from mx_proxy.runner import interventions, loop as runner
+from mx_proxy.store import checkpoint as ckpt
 from mx_proxy.store import durable, files
 from mx_proxy.store import run_store as _store
 from mx_proxy.training import twins
@@ -200,7 +201,8 @@ def _of_widths(entries: list, widths, scale: str) -> list:
 
 def run(scale: str | _scales.Scale, out: str | os.PathLike, *, kinds: Iterable[str] = KINDS,
         widths: Iterable[int] | None = None, seeds: Iterable[int] | None = None, progress: bool = True,
-        store: bool = True, log: Callable[[str], None] = print, estimate: bool = False) -> pd.DataFrame:
+        store: bool = True, log: Callable[[str], None] = print, estimate: bool = False,
+        executor: executors.Executor | None = None) -> pd.DataFrame:
     """Train (or load) every run of the scale's campaign into ``out/runs`` (or
     memory only with ``store=False``) and export each to ``out/results`` as
     soon as it is done; returns the index.
@@ -209,70 +211,98 @@ def run(scale: str | _scales.Scale, out: str | os.PathLike, *, kinds: Iterable[s
     ``intervention``); ``widths``: only these widths; ``seeds``: the paired
     runs and controls at these student-init seeds instead of the scale's
     (:func:`~mx_proxy.experiments.scales.with_seeds`). Runs of one width and
-    recipe that differ only in LR or seed train as one vmapped program.
-    Interrupted, it resumes: finished runs load from the store and an
-    unfinished one continues from its last checkpoint. ``estimate``: first
-    time two steps of each paired run still to train and log the expected
-    wall time (a compile each).
+    recipe that differ only in LR or seed train as one vmapped program: each
+    such group is one unit of work (:mod:`mx_proxy.experiments.campaign_units`)
+    for ``executor`` (default: this process, one unit after another, the
+    headline first; ``executors.make("slurm", ...)``: one Slurm array task
+    per unit, needs the store). Interrupted, it resumes: finished runs load
+    from the store and an unfinished one continues from its last
+    checkpoint. ``estimate``: first time two steps of each paired run still
+    to train and log the expected wall time (a compile each).
+
+    Raises:
+      executors.UnitsFailed: after everything else finished and was
+        exported, naming each unit that did not (with its log's last lines).
     """
     s = _scales.with_seeds(scale, seeds)
     kinds = _check_kinds(kinds)
+    executor = executor if executor is not None else executors.LocalExecutor()
     out = durable.checked_path(out, "campaign folder", folder=True)
     store, results = (out / "runs" if store else None), out / "results"
     entries = _of_widths(plan(s, kinds), widths, s.name)
-    groups: dict = {}
-    for e in entries:  # one sweep per (kind, program): LRs and seeds vmapped; paired recipes share their FP32 run
-        key = (e.kind, e.config.replace(lr=1.0, seed=0, reference_seed=None))
-        if e.kind == "paired":
-            key = (e.kind, e.config.replace(recipe="fp32"))
-        groups.setdefault(key, []).append(e)
+    units = campaign_units.by_kind(entries, KINDS)
     t0 = time.perf_counter()
-    c = s.campaign
+    trained: dict[str, Run] = {}  # label -> run, as units finish
+    kind_of = {u.name: k for k, us in units.items() for u in us}
 
-    def train_groups(kind):
-        for (k, _), members in groups.items():
-            if k != kind:
-                continue
-            log(f"[campaign {s.name}] {kind}: {', '.join(m.label for m in members)}")
-            if _lr_only(members):
-                trained = list(runner.sweep(members[0].config, store=store, progress=progress,
-                                            lr=[m.config.lr for m in members]).runs)
-            elif twins.shareable([m.config for m in members]):  # 1 + k runs for k recipes
-                trained = list(runner.sweep(members[0].config, store=store, progress=progress,
-                                            recipe=[m.config.recipe for m in members]).runs)
-            else:
-                trained = [runner.train(m.config, store=store, progress=progress) for m in members]
-            for m, r in zip(members, trained):
-                export(r, m.label, kind, results)
-                status = f"diverged at {r.diverged_at}" if r.diverged_at is not None else "stable"
-                log(f"  {m.label}: final loss {r.final_loss:.4g}, {status} ({time.perf_counter() - t0:.0f}s)")
+    def on_start(unit, _):
+        log(f"[campaign {s.name}] {unit.name}")
+
+    def on_done(unit, runs):
+        runs = runs if runs is not None else _from_store(store, unit)
+        kind = kind_of.get(unit.name, "intervention")
+        replay = (runs[0].info.get("intervention") or {}).get("replay") if kind == "intervention" else None
+        if replay:
+            log(f"  {unit.name.split(' at ')[0]}: "
+                f"{interventions.replay_summary(replay, runs[0].info['intervention']['at_step'])}")
+        for label, r in zip(unit.labels, runs):
+            trained[label] = r
+            export(r, label, kind, results)
+            log(f"  {label}: final loss {r.final_loss:.4g}, {_outcome(r, kind)}"
+                + ("" if kind == "intervention" else f" ({time.perf_counter() - t0:.0f}s)"))
 
     if estimate and "paired" in kinds:
-        total = 0.0
-        for (k, _), members in groups.items():
-            todo = [m for m in members if not (results / m.label / "run.json").exists()]
-            if k != "paired" or not todo:
-                continue
-            sec = seconds_per_step([m.config for m in todo])
-            total += sec * todo[0].config.steps
-            log(f"[campaign {s.name}] {', '.join(m.label for m in todo)}: {sec * 1e3:.0f} ms/step measured here, "
-                f"{todo[0].config.steps} steps ≈ {_duration(sec * todo[0].config.steps)}")
-        if total:
-            log(f"[campaign {s.name}] expected wall time of the paired runs still to train: {_duration(total)} "
-                f"from scratch (less where the store holds checkpoints to resume from)")
-    # the headline first (a time-limited run keeps what it finished): paired runs, their
-    # interventions, the controls, then the LR grid
-    if "paired" in kinds:
-        train_groups("paired")
-    if "intervention" in kinds and c.interventions:
-        _interventions(s, widths, store, results, progress, log)
-    for kind in ("control", "grid"):
-        if kind in kinds:
-            train_groups(kind)
+        _estimate(s, units["paired"], results, log)
+    hooks = dict(on_start=on_start, on_done=on_done, progress=progress, log=log)
+    failures = []
+    # the headline first (a time-limited run keeps what it finished): paired runs, their interventions,
+    # the controls, then the LR grid; an executor that runs units at once gets all but the interventions together
+    rest = units["control"] + units["grid"]
+    failures += executor.run(units["paired"] + (rest if executor.concurrent else []), store, **hooks)
+    if "intervention" in kinds and s.campaign.interventions:
+        work = _interventions(s, widths, store, trained, executor, progress, log)
+        failures += executor.run(work, store, **hooks)
+    if not executor.concurrent:
+        failures += executor.run(rest, store, **hooks)
     index = results_index(results)
     if len(index):
         durable.atomic_write(results / "index.csv", lambda p: index.to_csv(p, index=False))
+    if failures:
+        raise executors.UnitsFailed(failures)
     return index
+
+
+def _from_store(store, unit) -> list[Run]:
+    """The runs of a unit that trained elsewhere, read back from the store."""
+    st = _store.resolve(store)
+    runs = [st.load(k) for k in unit.keys] if st is not None else []
+    if len(runs) != len(unit.keys) or any(r is None for r in runs):
+        raise RuntimeError(f"unit {unit.name} finished but the run store {store} does not hold all its runs")
+    return runs
+
+
+def _outcome(r: Run, kind: str) -> str:
+    if kind != "intervention":
+        return f"diverged at {r.diverged_at}" if r.diverged_at is not None else "stable"
+    onset = analysis.unstable_after(r, r.info["intervention"]["at_step"])
+    return "stable" if onset is None else (f"diverged at {onset}" if onset == r.diverged_at else f"blew up at {onset}")
+
+
+def _estimate(s: _scales.Scale, units, results: Path, log) -> None:
+    """Log the measured seconds per step of each paired group still to train, and the total."""
+    total = 0.0
+    for unit in units:
+        todo = [Config.from_dict(json.loads(c)) for c, label in zip(unit.args[0], unit.labels)
+                if not (results / label / "run.json").exists()]
+        if not todo:
+            continue
+        sec = seconds_per_step(todo)
+        total += sec * todo[0].steps
+        log(f"[campaign {s.name}] {unit.name.removeprefix('paired: ')}: {sec * 1e3:.0f} ms/step measured here, "
+            f"{todo[0].steps} steps ≈ {_duration(sec * todo[0].steps)}")
+    if total:
+        log(f"[campaign {s.name}] expected wall time of the paired runs still to train: {_duration(total)} "
+            f"from scratch (less where the store holds checkpoints to resume from)")
 
 
 def intervention_steps(campaign_: _scales.Campaign, parent: Run) -> list[int]:
@@ -289,7 +319,7 @@ def intervention_steps(campaign_: _scales.Campaign, parent: Run) -> list[int]:
         return []
     steps = [t for t in campaign_.intervention_steps if onset is None or t < onset]
     if campaign_.interventions_after_divergence:
-        before = [t for t in interventions.checkpoint_steps(parent) if t < onset]
+        before = [t for t in interventions.checkpoint_steps(parent) if t < onset and not _stop_checkpoint(parent, t)]
         steps += [max(before)] if before and max(before) not in steps else []
         every = parent.config.diagnostics_every or 1
         late = (onset - campaign_.late_intervention) // every * every
@@ -297,41 +327,47 @@ def intervention_steps(campaign_: _scales.Campaign, parent: Run) -> list[int]:
     return sorted(steps)
 
 
-def _interventions(s: _scales.Scale, widths, store, results, progress, log):
-    """Fig. 7: paired runs at the largest width (first LR and seed) continued
-    from each of :func:`intervention_steps` with each mitigation: the first
-    paired recipe's run, or, with ``interventions_after_divergence``, every
-    paired run that diverged or blew up."""
+def _stop_checkpoint(parent: Run, step: int) -> bool:
+    """Whether ``parent``'s checkpoint at ``step`` is one a stopped job wrote
+    where it stopped (:data:`mx_proxy.runner.loop.stop`), not a planned one."""
+    if parent.path is None or parent.checkpoints:
+        return False
+    return bool(ckpt.meta(Path(parent.path) / "checkpoints", step).get("stopped"))
+
+
+def _interventions(s: _scales.Scale, widths, store, trained: dict, executor, progress, log) -> list:
+    """Fig. 7's units: paired runs at the largest width (first LR and seed)
+    continued from each of :func:`intervention_steps` with each mitigation:
+    the first paired recipe's run, or, with ``interventions_after_divergence``,
+    every paired run that diverged or blew up. A parent comes from this call
+    (``trained``), else from the store; a local executor trains one missing."""
     c = s.campaign
     paired = [e for e in plan(s, ("paired",)) if widths is None or e.config.width in widths]
     if not paired:
-        return
+        return []
     top = max(e.config.width for e in paired)
     first = [e for e in paired if e.config.width == top and e.config.lr == c.paired_lrs[0]
              and e.config.seed == c.seeds[0]]
     if not c.interventions_after_divergence:
         first = [e for e in first if e.config.recipe.name == c.paired_recipes[0]]
+    work = []
     for p in first:
-        parent = runner.train(p.config, store=store, progress=progress)
+        parent = trained.get(p.label)
+        if parent is None and executor.name == "local":
+            parent = runner.train(p.config, store=store, progress=progress)
+        elif parent is None:
+            parent = _store.resolve(store).load(p.config.hash()) if store is not None else None
+        if parent is None:
+            log(f"  {p.label}: not trained (its unit did not finish), so no interventions from it yet")
+            continue
         steps = intervention_steps(c, parent)
         if not steps:
             onset = analysis.unstable_at(parent)
             log(f"  {p.label}: stable to step {p.config.steps}, no interventions needed" if onset is None
                 else f"  {p.label}: no checkpoint before it became unstable (step {onset})")
             continue
-        for t in steps:
-            source = interventions.with_checkpoint(parent, t, progress=progress)
-            if "replay" in source.info:
-                log(f"  {p.label}: {interventions.replay_summary(source.info['replay'], t)}")
-            for name in c.interventions:
-                child = interventions.intervene(source, t, apply=name, checkpoint_at=(), checkpoint_every=0,
-                                                store=store or False, progress=progress)
-                label = f"intervention-{p.label.removeprefix('paired-')}-at{t}-{name}"
-                export(child, label, "intervention", results)
-                onset = analysis.unstable_after(child, t)
-                status = "stable" if onset is None else (
-                    f"diverged at {onset}" if onset == child.diverged_at else f"blew up at {onset}")
-                log(f"  {label}: final loss {child.final_loss:.4g}, {status}")
+        work += [campaign_units.intervention_work(parent, p.label, t, list(c.interventions), store) for t in steps]
+    return work
 
 
 def _duration(seconds: float) -> str:
@@ -358,9 +394,3 @@ def seconds_per_step(configs: list[Config], steps: int = 2) -> float:
     t0 = time.perf_counter()
     jax.block_until_ready(seg(state, dyn, teacher, start, steps, size=n))
     return (time.perf_counter() - t0) / n
-
-
-def _lr_only(members: list[Entry]) -> bool:
-    """True when the members differ only in their learning rate (one vmapped sweep)."""
-    first = members[0].config
-    return len(members) > 1 and all(m.config.replace(lr=first.lr) == first for m in members)

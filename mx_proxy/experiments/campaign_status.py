@@ -26,12 +26,13 @@ import pandas as pd
 from mx_proxy.experiments import analysis
 from mx_proxy.experiments import campaign as _campaign
 from mx_proxy.experiments import scales as _scales
+from mx_proxy.experiments.executors import slurm as _slurm
 from mx_proxy.store import checkpoint as ckpt
 from mx_proxy.store import durable, files
 from mx_proxy.training.config import Config
 from mx_proxy.training.result import Run
 
-__all__ = ["STATES", "status", "partial_metrics"]
+__all__ = ["STATES", "status", "partial_metrics", "jobs", "with_jobs"]
 
 STATES = ("done", "training", "interrupted", "not started")
 """``training``: a live process's training folder; ``interrupted``: its
@@ -128,3 +129,33 @@ def status(scale: str | _scales.Scale, out: str | os.PathLike,
     for c in ("diverged_at", "unstable_at"):
         df[c] = df[c].astype("Int64")
     return df
+
+
+def jobs(out: str | os.PathLike) -> pd.DataFrame:
+    """One row per unit the campaign in ``out`` submitted to Slurm
+    (``--executor slurm``; none otherwise): ``unit``, ``job``, ``state``
+    (``done``, ``pending``, ``running``, ``requeued`` or ``failed (STATE)``),
+    ``checkpoint`` (the step of its newest checkpoint), ``stdout``,
+    ``stderr`` and a failed unit's last log lines (``tail``); see
+    :func:`mx_proxy.experiments.executors.slurm.jobs`."""
+    rows = _slurm.jobs(Path(out) / "slurm", Path(out) / "runs")
+    df = pd.DataFrame(rows, columns=["unit", "labels", "job", "state", "checkpoint", "stdout", "stderr", "tail"])
+    df["checkpoint"] = df["checkpoint"].astype("Int64")
+    return df
+
+
+def with_jobs(table: pd.DataFrame, units: pd.DataFrame) -> pd.DataFrame:
+    """``table`` (:func:`status`) with each run's Slurm ``job`` and
+    ``job_state`` from ``units`` (:func:`jobs`). Only this host's processes
+    can be judged alive from a training folder's name, so a run whose job
+    is no longer pending or running is ``interrupted``, not ``training``."""
+    if not len(units):
+        return table
+    by_label = {label: (u.job, u.state) for u in units.itertuples() for label in u.labels}
+    table = table.copy()
+    table["job"] = [by_label.get(label, (None, None))[0] for label in table["label"]]
+    table["job_state"] = [by_label.get(label, (None, None))[1] for label in table["label"]]
+    gone = (table["state"] == "training") & table["job_state"].notna() \
+        & ~table["job_state"].isin(["running", "pending", "requeued"])
+    table.loc[gone, "state"] = "interrupted"
+    return table

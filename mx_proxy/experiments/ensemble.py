@@ -24,8 +24,8 @@ is recorded every step), and is exported as an arm of its own.
 The members of an arm share one compiled program (they differ only in seeds,
 dynamic fields) and train as groups of the runner's member axis: the units
 (:func:`units`: an arm and up to ``group_size`` of its members) that
-:func:`run` trains in turn, or a local pool of ``jobs`` worker processes
-does. Folder ``OUT``:
+:func:`run` hands to an executor (:mod:`mx_proxy.experiments.executors`:
+this process, ``jobs`` local worker processes, or a Slurm array). Folder ``OUT``:
 
 - ``OUT/runs/``: the run store (members train there, checkpointing every
   ``checkpoint_every`` steps, the newest two kept, so an interrupted ensemble
@@ -44,7 +44,6 @@ does. Folder ``OUT``:
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing as mp
 import time
 from pathlib import Path
 
@@ -52,7 +51,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from mx_proxy.experiments import branch as _branch
-from mx_proxy.experiments import campaign
+from mx_proxy.experiments import campaign, executors
 from mx_proxy.experiments.ensemble_spec import (CONTROL, HISTORY, HISTORY_FILE, KINDS, SPEC_FILE, TWIN, Ensemble,
                                                 arm_names, default_out, member_key, member_label, positive_int, read_spec,
                                                 write_spec)
@@ -69,7 +68,7 @@ from mx_proxy.training.result import Run
 
 # the spec's names are re-exported: mx_proxy.experiments.ensemble is the experiment's one entry point
 __all__ = ["Ensemble", "KINDS", "CONTROL", "TWIN", "HISTORY", "SPEC_FILE", "HISTORY_FILE", "arm_names",
-           "member_label", "member_key", "read_spec", "default_out", "units", "train_unit", "train_arm", "run",
+           "member_label", "member_key", "read_spec", "default_out", "units", "work", "train_unit", "train_arm", "run",
            "export", "prepare", "prepare_branch", "read_branch"]
 
 KEEP_CHECKPOINTS = 2  # a group interrupted while saving resumes from the newest step every member holds
@@ -229,8 +228,24 @@ def units(spec: Ensemble, group_size: int | None = None) -> list[tuple[str, tupl
     return [(arm, chunk) for chunk in chunks for arm in spec.trained_arms()]
 
 
-def _unit_worker(out: str, arm: str, members: tuple[int, ...]) -> None:
-    train_unit(out, arm, members, progress=False)
+def _unit_fn(out: str, arm: str, members: tuple[int, ...], *, store=None, progress: bool = True) -> list[Run]:
+    """A unit's function for an executor (its ``store`` is the ensemble's own, ``out/runs``)."""
+    runs = train_unit(out, arm, members, progress=progress)
+    return [runs[i] for i in members]
+
+
+def work(spec: Ensemble, out, group_size: int | None = None) -> list[executors.Work]:
+    """The :func:`units` of ``spec`` in ``out`` as executor units
+    (:class:`mx_proxy.experiments.executors.Work`): name, cost in member-steps
+    (a member trained beside its FP32 twin counting twice), the store keys."""
+    out = Path(out).expanduser()
+    parent = read_branch(out).key if spec.kind == "branch" else None
+    return [executors.Work(name=f"{spec.name}: {arm} m{members[0]:02d}-m{members[-1]:02d}",
+                           cost=len(members) * spec.horizon * (2 if spec.config(arm, 0).has_paired_run else 1),
+                           fn=_unit_fn, args=(str(out), arm, members),
+                           keys=tuple(member_key(spec, arm, i, parent) for i in members),
+                           labels=tuple(member_label(arm, i) for i in members))
+            for arm, members in units(spec, group_size)]
 
 
 def prepare_branch(source, step: int, out) -> Path:
@@ -269,30 +284,23 @@ def prepare(spec: Ensemble, out, source=None) -> Path:
     return out
 
 
-def run(spec: Ensemble, out, *, source=None, jobs: int = 1, group_size: int | None = None, progress: bool = True,
-        log=print) -> dict[str, list[Run]]:
+def run(spec: Ensemble, out, *, source=None, jobs: int = 1, group_size: int | None = None,
+        executor: executors.Executor | None = None, progress: bool = True, log=print) -> dict[str, list[Run]]:
     """Train (resume, or load) every member of ``spec`` in ``out`` (see the
-    module docstring), unit by unit (:func:`units`); ``jobs`` worker
-    processes train one unit each at a time (1: in this process). Returns
-    ``{arm: [member runs]}`` of the trained arms."""
+    module docstring), unit by unit (:func:`work`), through ``executor``
+    (default: this machine, ``jobs`` worker processes; or a Slurm array,
+    :mod:`mx_proxy.experiments.executors`). Returns ``{arm: [member runs]}``
+    of the trained arms; units that did not finish raise
+    :class:`~mx_proxy.experiments.executors.UnitsFailed` after the others are exported."""
     jobs = positive_int("jobs", jobs)
     out = prepare(spec, out, source)
-    plan = units(spec, group_size)
+    executor = executor if executor is not None else executors.make("local", jobs=jobs)
     t0 = time.time()
-    done: dict[str, dict[int, Run]] = {a: {} for a in spec.trained_arms()}
-    if jobs == 1 or len(plan) == 1:
-        with tqdm(total=spec.members * len(spec.trained_arms()) * spec.horizon, disable=not progress,
-                  unit="member-step", desc=spec.name) as bar:
-            for arm, members in plan:
-                done[arm].update(train_unit(out, arm, members, progress=progress, bar=bar))
-                log(f"  {spec.name}: {arm} members {members[0]}–{members[-1]} done ({time.time() - t0:.0f} s)")
-    else:
-        with mp.get_context("spawn").Pool(min(jobs, len(plan))) as pool:
-            pending = [(arm, members, pool.apply_async(_unit_worker, (str(out), arm, members)))
-                       for arm, members in plan]
-            for arm, members, res in pending:
-                res.get()
-                log(f"  {spec.name}: {arm} members {members[0]}–{members[-1]} done ({time.time() - t0:.0f} s)")
-        for arm, members in plan:
-            done[arm].update(train_unit(out, arm, members, progress=False))
-    return {a: [runs[i] for i in sorted(runs)] for a, runs in done.items()}
+
+    def done(unit, _):
+        log(f"  {unit.name} done ({time.time() - t0:.0f} s)")
+
+    failures = executor.run(work(spec, out, group_size), out / "runs", on_done=done, progress=progress, log=log)
+    if failures:
+        raise executors.UnitsFailed(failures)
+    return {arm: train_arm(out, arm, progress=False) for arm in spec.trained_arms()}  # all stored: loads

@@ -10,6 +10,11 @@ which process trained it (each member equals its single run bit for bit), so
 the figures drawn afterwards from the store are the ones a sequential run
 draws.
 
+Any unit of work goes this way (:class:`mx_proxy.experiments.executors.base.WorkUnit`:
+``fn(*args, store=..., progress=True)`` in a worker); :class:`Unit` is the
+one for planned sweep members. This is the process pool of the local
+executor (:mod:`mx_proxy.experiments.executors.local`).
+
 The bar counts training steps. Its ETA is measured, never guessed: it shows
 ``compiling`` until a worker has timed two segments of a unit, then the
 remaining work (a paired run's step counting twice) at the measured rate of
@@ -33,7 +38,7 @@ from mx_proxy.training.config import Config
 from mx_proxy.training.engine import static_key
 from mx_proxy.training.sweeps import members
 
-__all__ = ["Unit", "plan_units", "train_all", "default_jobs"]
+__all__ = ["Unit", "plan_units", "train_all", "train_configs", "default_jobs"]
 
 
 class Unit:
@@ -53,6 +58,29 @@ class Unit:
 
     def to_json(self) -> list[str]:
         return [c.to_json() for c in self.configs]
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The store keys of its members."""
+        return tuple(c.hash() for c in self.configs)
+
+    @property
+    def fn(self):
+        return train_configs
+
+    @property
+    def args(self) -> tuple:
+        return (self.to_json(),)
+
+
+def train_configs(configs: list[str], *, store, progress: bool = True) -> list:
+    """Train the member configs of one :class:`Unit` (JSON, as
+    :meth:`Unit.to_json` writes them) into ``store``: as one vmapped sweep
+    when they are a product of axes, else one by one; returns their runs."""
+    unit = Unit([Config.from_dict(json.loads(c)) for c in configs])
+    if unit.product:
+        return list(runner.sweep(unit.configs[0], store=store, progress=progress, **unit.axes).runs)
+    return [runner.train(c, store=store, progress=progress) for c in unit.configs]
 
 
 def plan_units(sweeps, store) -> list[Unit]:
@@ -100,21 +128,14 @@ class _Bar:
 
 def _worker(tasks, out, store):
     try:
-        r = runner
         while True:
             item = tasks.get()
             if item is None:
                 return
-            uid, configs = item
-            configs = [Config.from_dict(json.loads(c)) for c in configs]
+            uid, fn, args = item
             out.put(("start", uid, 0, time.time()))
-            r.tqdm = lambda *a, **k: _Bar(out, uid)  # the host loop reports every segment through its bar
-            unit = Unit(configs)
-            if unit.product:
-                r.sweep(configs[0], store=store, progress=True, **unit.axes)
-            else:
-                for c in configs:
-                    r.train(c, store=store, progress=True)
+            runner.tqdm = lambda *a, **k: _Bar(out, uid)  # the host loop reports every segment through its bar
+            fn(*args, store=store, progress=True)
             out.put(("done", uid, 0, time.time()))
     except KeyboardInterrupt:
         return
@@ -151,24 +172,29 @@ def _status(units, jobs, started, first, done_steps, finished, rates, per_step) 
     return f"ETA {_fmt(work / max(1, min(jobs, len(units) - len(finished))))}" + busy
 
 
-def train_all(units: list[Unit], store, *, jobs: int, progress: bool = True, log=print) -> float:
-    """Train ``units`` into ``store`` with ``jobs`` worker processes; returns the wall time."""
+def train_all(units: list, store, *, jobs: int, progress: bool = True, log=print, on_start=None,
+              on_done=None) -> float:
+    """Train ``units`` (:class:`Unit` s, or any unit of work) into ``store``
+    with ``jobs`` worker processes; returns the wall time. ``on_start(unit,
+    None)`` and ``on_done(unit, None)`` are called here as a worker starts
+    and finishes each."""
     t0 = time.time()
     if not units:
         return 0.0
     ctx = mp.get_context("spawn")
     tasks, out = ctx.Queue(), ctx.Queue()
     for uid, u in enumerate(units):
-        tasks.put((uid, u.to_json()))
+        tasks.put((uid, u.fn, u.args))
     for _ in range(jobs):
         tasks.put(None)
     procs = [ctx.Process(target=_worker, args=(tasks, out, str(store)), daemon=True) for _ in range(jobs)]
     for p in procs:
         p.start()
-    log(f"training {sum(len(u.configs) for u in units)} runs ({len(units)} compiled programs) in {jobs} "
+    log(f"training {sum(len(u.keys) for u in units)} runs ({len(units)} compiled programs) in {jobs} "
         f"processes into {store}")
-    total = sum(u.steps for u in units)
-    per_step = {uid: u.cost / u.steps for uid, u in enumerate(units)}
+    steps = [getattr(u, "steps", u.cost) or 1 for u in units]  # a unit without steps: its cost
+    total = sum(steps)
+    per_step = {uid: u.cost / n for uid, (u, n) in enumerate(zip(units, steps))}
     started, first, last, done_steps = {}, {}, {}, dict.fromkeys(range(len(units)), 0)
     rates, finished = [], set()
     bar = tqdm(total=total, disable=not progress, unit="step", desc="training",
@@ -186,6 +212,8 @@ def train_all(units: list[Unit], store, *, jobs: int, progress: bool = True, log
                 raise RuntimeError(f"a training process failed:\n{n}")
             if kind == "start":
                 started[uid] = t
+                if on_start is not None:
+                    on_start(units[uid], None)
             elif kind == "steps":
                 if uid in last:  # a segment timed on its own: the rate, in paired-weighted steps per second
                     rates.append(n * per_step[uid] / max(t - last[uid], 1e-6))
@@ -196,6 +224,8 @@ def train_all(units: list[Unit], store, *, jobs: int, progress: bool = True, log
                 bar.update(n)
             elif kind == "done":
                 finished.add(uid)
+                if on_done is not None:
+                    on_done(units[uid], None)
             bar.set_postfix_str(_status(units, jobs, started, first, done_steps, finished, rates, per_step))
     except KeyboardInterrupt:
         for p in procs:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import time
 import warnings
 from typing import Callable
@@ -49,10 +50,23 @@ from mx_proxy.training.result import Run, metrics_frame, segment_length
 from mx_proxy.training.sweeps import Sweep, members
 from mx_proxy.training.values import ArgumentTypeError, check_flags
 
-__all__ = ["train", "sweep", "load", "run_members", "init_state", "Member", "hooks", "notify"]
+__all__ = ["train", "sweep", "load", "run_members", "init_state", "Member", "hooks", "notify", "stop", "Stopped"]
 
 # Called with the Config of every run or sweep member actually trained (not loaded from a store).
 hooks: list[Callable[[Config], None]] = []
+
+stop = threading.Event()
+"""Set it (a scheduler's signal handler does, :mod:`mx_proxy.experiments.executors.job`) to stop every
+training loop of this process at the end of its current segment: each unfinished member is checkpointed at
+the step reached, then :class:`Stopped` is raised. A rerun resumes from that checkpoint, bit for bit."""
+
+
+class Stopped(Exception):
+    """Training stopped because :data:`stop` was set; ``step``: where every member was checkpointed."""
+
+    def __init__(self, step: int):
+        super().__init__(f"stopped at step {step} on request; every unfinished member was checkpointed there")
+        self.step = step
 
 
 @dataclasses.dataclass
@@ -215,13 +229,17 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
             bar.update(n * len(active))
             if first:
                 progress.restart_clock(bar)
-        if t in ckpt_steps:
+        halt = stop.is_set() and t < c0.steps
+        if t in ckpt_steps or halt:
             host = jax.device_get(state)
             spent = (time.perf_counter() - t0) / M
             for i in active:
                 _checkpoint(group[i], t, unstack(host, i), frames[i],
                             dict(meta, config_hash=group[i].config.hash(), parent=group[i].info.get("parent"),
-                                 wall_time_s=group[i].wall_before + spent))
+                                 wall_time_s=group[i].wall_before + spent,
+                                 **({"stopped": True} if t not in ckpt_steps else {})))
+        if halt:
+            raise Stopped(t)
         diverged = np.asarray(state.diverged).reshape(-1)
         for i in active:
             stopped[i] = bool(diverged[i])

@@ -19,7 +19,10 @@ finishes what a killed one left halfway). Several processes training the
 same config into one store never crash or corrupt it (the first to finish
 wins; the others' identical results are dropped). A later process adopts
 the training folder of a killed one, so an interrupted run resumes from its
-last checkpoint.
+last checkpoint. Only this host's dead processes can be told apart from
+live ones; a scheduler's job, which knows that no other job trains its runs
+(on any host), claims their keys (:func:`claim`) and adopts their training
+folders whoever left them.
 
 Loading verifies an entry (:func:`mx_proxy.store.files.read_entry`, the one
 reader of every file): its config must hash to its key (an edited
@@ -60,7 +63,17 @@ from mx_proxy.training.config import Config
 from mx_proxy.training.result import Run
 from mx_proxy.version import __version__
 
-__all__ = ["Store", "StoreWarning", "SaveError", "resolve", "code_version", "entry_key", "load_dir"]
+__all__ = ["Store", "StoreWarning", "SaveError", "resolve", "code_version", "entry_key", "load_dir", "claim"]
+
+_CLAIMED: set[str] = set()
+
+
+def claim(keys) -> None:
+    """Declare that this process alone trains the runs of ``keys`` (a
+    scheduler's job, whose submitter runs one job per unit at a time): their
+    training folders left by any other process, on any host, are then taken
+    for orphans and adopted (resumed from their newest checkpoint)."""
+    _CLAIMED.update(keys)
 
 StoreWarning = files.StoreWarning
 
@@ -145,7 +158,9 @@ class Store:
 
     def _orphans(self, key: str) -> list[Path]:
         """Training folders of ``key`` left by processes that are gone."""
-        return promote.orphans(self.root, key)
+        claimed = [p for p in self.root.glob(f"{key}.partial-*")
+                   if key in _CLAIMED and p.name.rsplit(".partial-", 1)[1] != durable.mark()]
+        return list(dict.fromkeys(promote.orphans(self.root, key) + claimed))  # another host's too, once claimed
 
     def has(self, key: str) -> bool:
         return (self.path(key) / "run.json").exists()

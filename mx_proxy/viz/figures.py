@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from mx_proxy.experiments import beyond, campaign, paper, parallel
+from mx_proxy.experiments import beyond, campaign, executors, paper, parallel
 from mx_proxy.experiments import scales as _scales
 from mx_proxy.store import durable
 from mx_proxy.viz import plots
@@ -214,13 +214,20 @@ def default_dir(kind: str) -> Path:
     return Path(base) / "proxy" / kind
 
 
-def _prefetch(names, scale, store, jobs, progress, log):
-    """Train every planned run of ``names`` not yet in ``store`` in parallel processes (:mod:`mx_proxy.experiments.parallel`)."""
+def _prefetch(names, scale, store, jobs, progress, log, executor=None):
+    """Train every planned run of ``names`` not yet in ``store`` in parallel
+    processes (:mod:`mx_proxy.experiments.parallel`), or on ``executor`` (a
+    Slurm executor: one array task per unit)."""
     sweeps = []
     for name in names:
         if name in TRAINED:
             sweeps += paper.planned_sweeps(TRAINED[name][1], scale) or []
     units = parallel.plan_units(sweeps, store)
+    if executor is not None and executor.name != "local":
+        failures = executor.run(units, store, progress=progress, log=log)
+        if failures:
+            raise executors.UnitsFailed(failures)
+        return
     jobs = jobs or parallel.default_jobs(len(units))
     if jobs > 1 and len(units) > 1:
         wall = parallel.train_all(units, store, jobs=jobs, progress=progress, log=log)
@@ -228,14 +235,17 @@ def _prefetch(names, scale, store, jobs, progress, log):
 
 
 def generate(names=None, *, scale: str = "quick", out=None, store=None, results=RESULTS_ROOT,
-             pdf: bool = False, log=print, jobs: int | None = None, progress: bool = True) -> list[str]:
+             pdf: bool = False, log=print, jobs: int | None = None, progress: bool = True,
+             executor: executors.Executor | None = None) -> list[str]:
     """Write the named figures (default: all) as PNG (and PDF) into ``out``
     (``None``: :func:`default_dir` ``("figures")``, outside the checkout).
     Training figures train into (or load from) ``store`` (``None``: memory
     only); with a store, the runs of every figure asked for are first trained
     in ``jobs`` parallel processes (``None``: one per core, at most 4; 1: all
-    in this process). The ``headline_*`` figures read campaign results under
-    ``results``.
+    in this process), or on ``executor`` (``executors.make("slurm", ...)``:
+    one Slurm array task per compiled program; the figures are then drawn
+    here from the store). The ``headline_*`` figures read campaign results
+    under ``results``.
 
     Raises:
       ValueError: for an unknown figure name or scale, or a bad ``jobs``, naming the valid ones.
@@ -256,8 +266,8 @@ def generate(names=None, *, scale: str = "quick", out=None, store=None, results=
                 log(f"skipping {n}: no campaign results under {results}/ (see mx-proxy campaign)")
     out = str(durable.checked_path(default_dir("figures") if out is None else out, "figures folder", folder=True))
     os.makedirs(out, exist_ok=True)
-    if store is not None and jobs != 1:
-        _prefetch(names, scale, store, jobs, progress, log)
+    if store is not None and (jobs != 1 or executor is not None):
+        _prefetch(names, scale, store, jobs, progress, log, executor)
     written = []
     for i, name in enumerate(names, 1):
         t0 = time.perf_counter()

@@ -51,6 +51,6 @@ def test_worker_processes_store_what_this_process_trains(tmp_path):
 def test_figures_default_outside_the_checkout_and_refuse_bad_jobs(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert default_dir("figures") == tmp_path / "proxy" / "figures"
-    with pytest.raises(ValueError, match="jobs must be a positive integer"):
+    with pytest.raises(ValueError, match=r"jobs must be an integer in \[1, 64\] or None \(one per core\), got 0"):
         generate(["sawtooth"], jobs=0)
     assert generate(["sawtooth"], log=lambda *_: None) == [str(tmp_path / "proxy" / "figures" / "sawtooth.png")]

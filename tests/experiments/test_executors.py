@@ -1,0 +1,158 @@
+"""Executors without a cluster: the Slurm options refuse bad values naming the valid ones, the local executor runs
+any unit of work, a stop request checkpoints where the loop stands and the resumed run is the uninterrupted one
+bit for bit, a job claims the training folders of its keys, and a job keeps XLA to its CPUs."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import mx_proxy as mxp
+from mx_proxy.experiments import executors, parallel
+from mx_proxy.experiments.executors import job as _job
+from mx_proxy.runner import loop as runner
+from mx_proxy.store import checkpoint as ckpt
+from mx_proxy.store import durable
+from mx_proxy.store import run_store as _store
+
+TINY = mxp.Config(width=16, depth=2, batch=32, steps=40, diagnostics_every=10, val_every=10, recipe="mxfp8_e4m3")
+
+
+def _same(a, b):
+    assert list(a.metrics.columns) == list(b.metrics.columns)
+    for col in a.metrics.columns:
+        assert np.array_equal(a.metrics[col].to_numpy(), b.metrics[col].to_numpy(), equal_nan=True), col
+
+
+@pytest.mark.parametrize("text, minutes", [("90", 90), ("1:30", 2), ("2:00:00", 120), ("1-0", 1440),
+                                           ("1-2:30", 1590), ("0-0:0:30", 1), (45, 45)])
+def test_slurm_times_in_every_sbatch_form(text, minutes):
+    assert executors.parse_time(text) == minutes
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"time": "1h"}, "slurm time '1h' is not a Slurm time limit; valid forms: MINUTES, .*DAYS-HOURS:MINUTES:SECONDS"),
+    ({"time": "0"}, "must be longer than 0"),
+    ({"cpus_per_task": 0}, "slurm cpus per task must be an integer >= 1, got 0"),
+    ({"gpus_per_task": -1}, "slurm gpus per task must be an integer >= 0, got -1"),
+    ({"array_parallelism": 2.5}, "slurm array parallelism must be an integer >= 1, got 2.5"),
+    ({"partition": "gpu; rm -rf"}, "is not a partition name"),
+    ({"extra": {"array": "0-3"}}, "'array' is set by the executor itself; options it sets: array, output"),
+    ({"extra": {"time": "5"}}, "'time' has its own flag: --slurm-time"),
+    ({"setup": [1]}, "slurm setup must be shell lines"),
+    ({"time": 5, "signal_delay_s": 300}, r"slurm signal delay \(300 s\) must be shorter than the time limit \(5 min\)"),
+])
+def test_slurm_options_refuse_bad_values_naming_what_is_valid(kw, message):
+    with pytest.raises(ValueError, match=message):
+        executors.SlurmOptions(**kw)
+
+
+def test_slurm_options_become_submitit_parameters():
+    o = executors.SlurmOptions(partition="gpu", time="4:00:00", gpus_per_task=1, cpus_per_task=8,
+                               setup="module load cuda", extra=executors.parse_extra(["mem=16G", "--exclusive"]))
+    p = o.parameters()
+    assert p["time"] == 240 and p["partition"] == "gpu" and p["gpus_per_task"] == 1 and p["cpus_per_task"] == 8
+    assert p["setup"] == ["module load cuda"] and p["additional_parameters"] == {"mem": "16G", "exclusive": True}
+    assert p["signal_delay_s"] == 300
+    assert "gpus_per_task" not in executors.SlurmOptions().parameters()  # CPU jobs ask for no GPU
+    with pytest.raises(ValueError, match="slurm option 'x y' is not KEY=VALUE"):
+        executors.parse_extra(["x y"])
+    with pytest.raises(ValueError, match="unknown executor 'pbs'; valid: local, slurm"):
+        executors.make("pbs")
+    with pytest.raises(ValueError, match="jobs must be a positive integer, got 0"):
+        executors.make("local", jobs=0)
+
+
+def _echo(tag, *, store, progress):
+    return [tag, store, progress]
+
+
+def test_the_local_executor_runs_any_unit_here_in_order():
+    units = [executors.Work(f"u{i}", cost=i, fn=_echo, args=(i,)) for i in (1, 3, 2)]
+    seen = []
+    failures = executors.make("local").run(units, "S", on_start=lambda u, r: seen.append(("start", u.name, r)),
+                                           on_done=lambda u, r: seen.append(("done", u.name, r)), progress=False)
+    assert failures == []
+    assert seen == [("start", "u1", None), ("done", "u1", [1, "S", False]), ("start", "u3", None),
+                    ("done", "u3", [3, "S", False]), ("start", "u2", None), ("done", "u2", [2, "S", False])]
+    assert isinstance(units[0], executors.WorkUnit) and isinstance(parallel.Unit([TINY]), executors.WorkUnit)
+
+
+def test_a_stop_request_checkpoints_where_the_loop_stands_and_the_rerun_is_the_uninterrupted_run(tmp_path):
+    cfg = TINY.replace(checkpoint_every=30)
+    runner.stop.set()
+    try:
+        with pytest.raises(runner.Stopped, match="stopped at step 10"):
+            mxp.train(cfg, store=tmp_path, progress=False)
+    finally:
+        runner.stop.clear()
+    (part,) = tmp_path.glob(f"{cfg.hash()}.partial-*")
+    assert ckpt.steps(part / "checkpoints") == [10] and ckpt.meta(part / "checkpoints", 10)["stopped"]
+    resumed = mxp.train(cfg, store=tmp_path, progress=False)
+    assert resumed.info["resumed_from"] == 10
+    _same(resumed, mxp.train(cfg, progress=False))
+    assert not ckpt.meta(tmp_path / cfg.hash() / "checkpoints", 30).get("stopped")  # a planned one
+
+
+def test_a_job_adopts_the_training_folder_of_its_claimed_keys_whoever_left_it(tmp_path):
+    cfg = TINY.replace(checkpoint_every=20)
+    st = _store.Store(tmp_path)
+    key = cfg.hash()
+    runner.stop.set()
+    try:
+        with pytest.raises(runner.Stopped):
+            mxp.train(cfg.replace(), store=tmp_path, progress=False)
+    finally:
+        runner.stop.clear()
+    (part,) = tmp_path.glob(f"{key}.partial-*")
+    other = tmp_path / f"{key}.partial-12345@another_host"  # a job on another node, whose life this host cannot judge
+    os.rename(part, other)
+    assert st._orphans(key) == []
+    _store.claim([key])
+    try:
+        assert st._orphans(key) == [other]
+        assert mxp.train(cfg, store=tmp_path, progress=False).info["resumed_from"] == 10
+    finally:
+        _store._CLAIMED.discard(key)
+
+
+def test_a_job_keeps_to_its_cpus_where_slurm_does_not_pin(monkeypatch):
+    pinned = []
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: pinned.append(cpus))
+    assert _job.limit_cpus({"SLURM_CPUS_PER_TASK": "2"}, allocated={1, 3}) == {1, 3}  # what Slurm allocated
+    assert _job.limit_cpus({"SLURM_CPUS_PER_TASK": "2", "SLURM_ARRAY_TASK_ID": "1"}, allocated=set()) == {2, 3}
+    assert _job.limit_cpus({"SLURM_CPUS_PER_TASK": "1", "SLURM_ARRAY_TASK_ID": "5"}, allocated={7}) == {1}
+    assert _job.limit_cpus({"SLURM_CPUS_PER_TASK": "4"}) is None  # already its own
+    assert _job.limit_cpus({}) is None and pinned == [{1, 3}, {2, 3}, {1}]
+    assert _job._expand("0-2,5") == {0, 1, 2, 5} and _job.allocated_cpus(None) == set()
+
+
+def test_the_slurm_record_and_stored_units(tmp_path):
+    from mx_proxy.experiments.executors import slurm
+
+    assert slurm.read_record(tmp_path) == {}
+    (tmp_path / slurm.RECORD).write_text("{not json")
+    with pytest.raises(ValueError, match="submission record .* is damaged"):
+        slurm.read_record(tmp_path)
+    run = mxp.train(TINY, store=tmp_path / "runs", progress=False)
+    assert executors.stored(tmp_path / "runs", [run.info["key"]])
+    assert not executors.stored(tmp_path / "runs", [run.info["key"], "0" * 16]) and not executors.stored(None, ["x"])
+    meta = json.loads((tmp_path / "runs" / run.info["key"] / "run.json").read_text())
+    durable.atomic_write(tmp_path / "runs" / run.info["key"] / "run.json",
+                       lambda p: p.write_text(json.dumps(dict(meta, code_version="0" * 16))))
+    assert not executors.stored(tmp_path / "runs", [run.info["key"]])  # stale: trained again
+    failure = executors.Failure("grid: a, b", "FAILED", "7_1", ("7_1.err",), "Traceback\nValueError: too big")
+    assert "grid: a, b (job 7_1, FAILED); log: 7_1.err\n    | Traceback\n    | ValueError: too big" in \
+        str(executors.UnitsFailed([failure]))
+
+
+def test_one_submitter_at_a_time_per_folder(tmp_path):
+    ex = executors.make("slurm", folder=tmp_path)
+    with ex._only_submitter():
+        with pytest.raises(ValueError, match=r"another command is already submitting .* \(pid \d+ on "):
+            with executors.make("slurm", folder=tmp_path)._only_submitter():
+                pass
+    with ex._only_submitter():  # released
+        pass
