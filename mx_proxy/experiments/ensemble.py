@@ -234,18 +234,21 @@ def _unit_fn(out: str, arm: str, members: tuple[int, ...], *, store=None, progre
     return [runs[i] for i in members]
 
 
-def work(spec: Ensemble, out, group_size: int | None = None) -> list[executors.Work]:
+def work(spec: Ensemble, out, group_size: int | None = None, upto: int | None = None) -> list[executors.Work]:
     """The :func:`units` of ``spec`` in ``out`` as executor units
     (:class:`mx_proxy.experiments.executors.Work`): name, cost in member-steps
-    (a member trained beside its FP32 twin counting twice), the store keys."""
+    (a member trained beside its FP32 twin counting twice), the store keys;
+    ``upto``: only members 0 … upto−1 (a first look at a rate, extended later
+    with the same members)."""
     out = Path(out).expanduser()
+    upto = spec.members if upto is None else min(positive_int("upto", upto), spec.members)
     parent = read_branch(out).key if spec.kind == "branch" else None
     return [executors.Work(name=f"{spec.name}: {arm} m{members[0]:02d}-m{members[-1]:02d}",
                            cost=len(members) * spec.horizon * (2 if spec.config(arm, 0).has_paired_run else 1),
                            fn=_unit_fn, args=(str(out), arm, members),
                            keys=tuple(member_key(spec, arm, i, parent) for i in members),
                            labels=tuple(member_label(arm, i) for i in members))
-            for arm, members in units(spec, group_size)]
+            for arm, members in units(spec, group_size) if members[-1] < upto]
 
 
 def prepare_branch(source, step: int, out) -> Path:
@@ -284,13 +287,14 @@ def prepare(spec: Ensemble, out, source=None) -> Path:
     return out
 
 
-def run(spec: Ensemble, out, *, source=None, jobs: int = 1, group_size: int | None = None,
+def run(spec: Ensemble, out, *, source=None, jobs: int = 1, group_size: int | None = None, upto: int | None = None,
         executor: executors.Executor | None = None, progress: bool = True, log=print) -> dict[str, list[Run]]:
     """Train (resume, or load) every member of ``spec`` in ``out`` (see the
     module docstring), unit by unit (:func:`work`), through ``executor``
     (default: this machine, ``jobs`` worker processes; or a Slurm array,
     :mod:`mx_proxy.experiments.executors`). Returns ``{arm: [member runs]}``
-    of the trained arms; units that did not finish raise
+    of the trained arms (``upto``: members 0 … upto−1 only, in units of at
+    most ``group_size``, which should divide it); units that did not finish raise
     :class:`~mx_proxy.experiments.executors.UnitsFailed` after the others are exported."""
     jobs = positive_int("jobs", jobs)
     out = prepare(spec, out, source)
@@ -300,7 +304,12 @@ def run(spec: Ensemble, out, *, source=None, jobs: int = 1, group_size: int | No
     def done(unit, _):
         log(f"  {unit.name} done ({time.time() - t0:.0f} s)")
 
-    failures = executor.run(work(spec, out, group_size), out / "runs", on_done=done, progress=progress, log=log)
+    plan = work(spec, out, group_size, upto)
+    failures = executor.run(plan, out / "runs", on_done=done, progress=progress, log=log)
     if failures:
         raise executors.UnitsFailed(failures)
-    return {arm: train_arm(out, arm, progress=False) for arm in spec.trained_arms()}  # all stored: loads
+    trained = {arm: {} for arm in spec.trained_arms()}
+    for unit in plan:  # all stored now: this loads them
+        _, arm, members = unit.args
+        trained[arm].update(train_unit(out, arm, members, progress=False))
+    return {arm: [runs[i] for i in sorted(runs)] for arm, runs in trained.items()}

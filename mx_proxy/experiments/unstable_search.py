@@ -1,0 +1,170 @@
+"""The search for a cheaper unstable setting: where does MX blow up often, and FP32 never?
+
+The paper's own setting (width 512, 9000 steps) costs hours per run on a
+CPU. This search walks the paper's Fig. 2 family — depth 4–8, width 128–384,
+batch 2048, Adam with a constant LR 6e-4…3e-3, 7000 steps — from the
+cheapest setting up, and asks of each: do ``paper_e4m3`` or ``mxfp8_e4m3``
+blow up in at least 30 % of at least 8 seeds while FP32 blows up in none?
+Each setting is a ``seed`` ensemble (:mod:`mx_proxy.experiments.ensemble`;
+arms ``fp32``, ``paper_e4m3``, ``mxfp8_e4m3``, member i at seed i + 1 in
+every arm) trained in two stages:
+
+1. *screen*: members 0–3 of every arm. FP32 blowing up in any is the
+   LR-driven instability both precisions share: the setting is out. No MX
+   blow-up in 4 is out too (a setting whose true rate is 30 % passes this
+   screen with probability 1 − 0.7⁴ ≈ 0.76: the table says so).
+2. *full*: members 4–7 (the same ensemble, extended), then the verdict
+   with Clopper–Pearson intervals.
+
+The first setting that qualifies ends the search. Every setting tried is a
+row per arm of the table (``results/unstable_search.csv`` by default), rebuilt
+from the ensembles' exported members after each stage, so the table is the
+honest record, negative results included. The search resumes where it
+stopped (the ensembles' run stores), also across sessions on one machine.
+
+Usage::
+
+    python -m mx_proxy.experiments.unstable_search --out ~/unstable-search [--hours 6] [--table results/unstable_search.csv]
+    python -m mx_proxy.experiments.unstable_search --out ~/unstable-search --status
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from mx_proxy.experiments import ensemble as _ens
+from mx_proxy.experiments import ensemble_result, stats
+from mx_proxy.store import durable
+from mx_proxy.training.config import Config
+
+__all__ = ["SETTINGS", "spec_of", "base_config", "ARMS", "search", "table", "SCREEN", "MEMBERS", "RATE"]
+
+ARMS = ("fp32", "paper_e4m3", "mxfp8_e4m3")
+SCREEN, MEMBERS, RATE = 4, 8, 0.30
+STEPS = 7000
+_COLUMNS = ["setting", "width", "depth", "lr", "batch", "steps", "arm", "members", "blowups", "p", "low", "high",
+            "first_blowup_at", "stage", "verdict"]
+
+
+def _label(width: int, depth: int, lr: float) -> str:
+    return f"w{width}-d{depth}-lr{lr:g}"
+
+
+SETTINGS: tuple[tuple[int, int, float], ...] = tuple(sorted(
+    itertools.product((128, 256, 384), (4, 8), (6e-4, 1e-3, 2e-3, 3e-3)),
+    key=lambda s: (s[0] * s[0] * s[1], s[0], s[1], s[2])))
+"""(width, depth, LR) of the Fig. 2 family, cheapest first (cost ∝ width² · depth)."""
+
+
+def base_config(width: int, depth: int, lr: float, steps: int = STEPS, batch: int = 2048, **changes) -> Config:
+    """The members' base config of one setting (the paper's proxy, diagnostics every 50 steps, bf16 dots)."""
+    return Config(width=width, depth=depth, lr=lr, batch=batch, steps=steps, diagnostics_every=50, val_every=0,
+                  dot="bf16").replace(**changes)
+
+
+def spec_of(width: int, depth: int, lr: float, **changes) -> _ens.Ensemble:
+    base = base_config(width, depth, lr, **changes)
+    return _ens.Ensemble(_label(width, depth, lr), "seed", base, ARMS, MEMBERS, base.steps, checkpoint_every=500)
+
+
+def _verdict(rows: dict, members: int) -> tuple[str, str]:
+    """(stage reached, verdict) from the arms' (blow-ups, members)."""
+    fp32 = rows["fp32"][0]
+    mx = max(rows[a][0] for a in ARMS if a != "fp32")
+    if fp32:
+        return "screen" if members <= SCREEN else "full", f"out: FP32 blew up too ({fp32}/{rows['fp32'][1]}: LR-driven)"
+    if members <= SCREEN:
+        return "screen", ("passes the screen: extend to 8" if mx else
+                          f"out: no MX blow-up in {SCREEN} (a 30 % rate passes with probability 0.76)")
+    ok = any(rows[a][0] >= RATE * rows[a][1] and rows[a][1] >= MEMBERS for a in ARMS if a != "fp32")
+    return "full", "qualifies" if ok else f"out: MX blew up in fewer than {RATE:.0%} of {members}"
+
+
+def table(out) -> pd.DataFrame:
+    """The search's record so far: one row per arm of every setting that has exported members in ``out``."""
+    rows = []
+    found = [f for f in Path(out).glob("*") if (f / "results" / _ens.SPEC_FILE).exists()] if Path(out).is_dir() else []
+    for folder in found:
+        res = ensemble_result.load(folder)
+        width, depth, lr = res.spec.base.width, res.spec.base.depth, res.spec.base.lr
+        t = res.table
+        counts = {a: (int(t[t["arm"] == a]["event"].sum()), int((t["arm"] == a).sum())) for a in ARMS}
+        done = min(n for _, n in counts.values())
+        if not done:
+            continue
+        stage, verdict = _verdict(counts, done)
+        for arm in ARMS:
+            k, n = counts[arm]
+            r = stats.rate(k, n)
+            first = t[(t["arm"] == arm) & t["event"]]["blowup_at"]
+            rows.append({"setting": res.spec.name, "width": width, "depth": depth, "lr": lr,
+                         "batch": res.spec.base.batch, "steps": res.spec.horizon, "arm": arm, "members": n,
+                         "blowups": k, "p": r.p, "low": r.low, "high": r.high,
+                         "first_blowup_at": int(first.min()) if len(first) else None, "stage": stage,
+                         "verdict": verdict})
+    df = pd.DataFrame(rows, columns=_COLUMNS)
+    df["first_blowup_at"] = df["first_blowup_at"].astype("Int64")
+    order = df["width"] ** 2 * df["depth"]
+    return df.assign(_cost=order).sort_values(["_cost", "width", "depth", "lr"], kind="stable").drop(
+        columns="_cost").reset_index(drop=True)
+
+
+def search(out, *, table_path=None, hours: float | None = None, settings=SETTINGS, progress: bool = True,
+           log: Callable[[str], None] = print, **changes) -> pd.DataFrame:
+    """Run the search (see the module docstring) in ``out`` until a setting
+    qualifies, every setting is decided, or ``hours`` have passed (checked
+    between stages); rewrite ``table_path`` after each stage. ``changes``:
+    Config fields every setting's base takes (smaller ``steps``/``batch`` for a test)."""
+    out = Path(out).expanduser()
+    t0 = time.time()
+    for width, depth, lr in settings:
+        spec = spec_of(width, depth, lr, **changes)
+        folder = out / spec.name
+        for upto in (SCREEN, MEMBERS):
+            if hours is not None and time.time() - t0 > hours * 3600:
+                log(f"[unstable search] {hours:g} h spent: stopping; rerun to continue")
+                return _write(out, table_path)
+            _ens.run(spec, folder, upto=upto, group_size=SCREEN, progress=progress, log=log)
+            df = _write(out, table_path)
+            verdict = df[df["setting"] == spec.name]["verdict"].iloc[0]
+            log(f"[unstable search] {spec.name}, {upto} members: {verdict}")
+            if verdict == "qualifies":
+                return df
+            if verdict.startswith("out"):
+                break
+    return _write(out, table_path)
+
+
+def _write(out: Path, table_path) -> pd.DataFrame:
+    df = table(out)
+    if table_path is not None:
+        durable.atomic_write(Path(table_path), lambda p: df.to_csv(p, index=False))
+    return df
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mx_proxy.experiments.unstable_search", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="folder of the settings' ensembles (resumable)")
+    p.add_argument("--table", default="results/unstable_search.csv", help="the table to rewrite after each stage")
+    p.add_argument("--hours", type=float, help="stop (between stages) after this many hours; rerun to continue")
+    p.add_argument("--status", action="store_true", help="print the table of what has run, train nothing")
+    args = p.parse_args(argv)
+    if args.hours is not None and not args.hours > 0:
+        p.error(f"--hours must be > 0, got {args.hours}")
+    if args.status:
+        print(table(args.out).to_string(index=False))
+        return 0
+    df = search(args.out, table_path=args.table, hours=args.hours)
+    print(df.to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,31 @@
+"""The cheaper-unstable-setting search: its settings, its stopping rule, one tiny setting end to end."""
+
+import pandas as pd
+
+from mx_proxy.experiments import unstable_search as U
+
+
+def test_settings_cover_the_fig2_family_cheapest_first():
+    assert len(U.SETTINGS) == 3 * 2 * 4 and U.SETTINGS[0] == (128, 4, 6e-4)
+    costs = [w * w * d for w, d, _ in U.SETTINGS]
+    assert costs == sorted(costs) and {lr for *_, lr in U.SETTINGS} == {6e-4, 1e-3, 2e-3, 3e-3}
+
+
+def test_verdicts_follow_the_stated_rule():
+    v = U._verdict
+    assert v({"fp32": (1, 4), "paper_e4m3": (3, 4), "mxfp8_e4m3": (0, 4)}, 4)[1].startswith("out: FP32 blew up")
+    assert v({"fp32": (0, 4), "paper_e4m3": (0, 4), "mxfp8_e4m3": (0, 4)}, 4)[1].startswith("out: no MX blow-up")
+    assert v({"fp32": (0, 4), "paper_e4m3": (1, 4), "mxfp8_e4m3": (0, 4)}, 4) == ("screen", "passes the screen: "
+                                                                                     "extend to 8")
+    assert v({"fp32": (0, 8), "paper_e4m3": (3, 8), "mxfp8_e4m3": (0, 8)}, 8) == ("full", "qualifies")  # 3/8 ≥ 30 %
+    assert v({"fp32": (0, 8), "paper_e4m3": (2, 8), "mxfp8_e4m3": (2, 8)}, 8)[1].startswith("out: MX blew up in fewer")
+
+
+def test_a_tiny_setting_is_screened_recorded_and_resumed(tmp_path):
+    log = []
+    kw = dict(settings=[(16, 2, 3e-3)], steps=30, batch=32, progress=False, log=log.append)
+    df = U.search(tmp_path / "s", table_path=tmp_path / "t.csv", **kw)
+    assert list(df["arm"]) == list(U.ARMS) and (df["members"] >= U.SCREEN).all()
+    assert pd.read_csv(tmp_path / "t.csv")["verdict"].tolist() == df["verdict"].tolist()
+    again = U.search(tmp_path / "s", **kw)  # everything stored: the same table, nothing trained
+    pd.testing.assert_frame_equal(again, df)
