@@ -127,21 +127,24 @@ class EnsembleResult:
             df["median_time"] = df["median_time"].astype("Int64")
         return df
 
+    def _pairs(self, other: str):
+        """``(arm, other's outcomes, arm's outcomes, the members both have)``
+        for every arm but ``other`` that shares members with it (indexed by member)."""
+        o = self._arm(other).set_index("member")
+        for arm in self.spec.arms:
+            a = self._arm(arm).set_index("member")
+            both = o.index.intersection(a.index)
+            if arm != other and len(both):
+                yield arm, o, a, both
+
     def paired_tests(self, control: str | None = None) -> pd.DataFrame:
         """Each other arm against ``control`` (default: the first arm) over the
         members both have: McNemar's exact test on blew up / did not, and the
         log-rank test on the times (a positive statistic: the control's
         blow-ups come sooner)."""
         control = control or self.control
-        c = self._arm(control).set_index("member")
         rows = []
-        for arm in self.spec.arms:
-            if arm == control:
-                continue
-            a = self._arm(arm).set_index("member")
-            both = c.index.intersection(a.index)
-            if not len(both):
-                continue
+        for arm, c, a, both in self._pairs(control):
             mc = stats.mcnemar(c.loc[both, "event"], a.loc[both, "event"])
             lr = stats.logrank(c.loc[both, "time"], c.loc[both, "event"], a.loc[both, "time"], a.loc[both, "event"])
             rows.append({"arm": arm, "control": control, "pairs": len(both), "only_control": mc.only_a,
@@ -162,13 +165,8 @@ class EnsembleResult:
         ref = self.reference_arm()
         if ref is None:
             return pd.DataFrame(columns=["arm", "reference", "stable_pairs", "gap_pct", "low", "high"])
-        f = self._arm(ref).set_index("member")
         rows = []
-        for arm in self.spec.arms:
-            if arm == ref:
-                continue
-            a = self._arm(arm).set_index("member")
-            both = a.index.intersection(f.index)
+        for arm, f, a, both in self._pairs(ref):
             end = self.spec.end - 1
             ok = [m for m in both if not a.loc[m, "event"] and not f.loc[m, "event"]
                   and a.loc[m, "last_step"] == end and f.loc[m, "last_step"] == end]  # the same last steps
