@@ -114,8 +114,10 @@ def add_ensemble_command(sub) -> argparse.ArgumentParser:
     p.add_argument("--name", help="its label (default: the folder's name)")
     p.add_argument("--kind", choices=_ens.KINDS, help="what members differ in: seed (init and data), data (data "
                                                       "only), branch (data after one stored state)")
-    p.add_argument("--arms", nargs="+", metavar="ARM", choices=_ens.arm_names(),
-                   help=f"the first is the control; valid: {', '.join(_ens.arm_names())}")
+    p.add_argument("--arms", nargs="+", metavar="ARM",
+                   help=f"the first is the control; valid: {', '.join(_ens.arm_names())}, or FIELD=VALUE of a field "
+                        f"an intervention may change (e.g. adam_eps=1e-15); more arms or --members than a saved "
+                        f"ensemble extend it")
     p.add_argument("--members", type=int, metavar="N", help="members per arm")
     p.add_argument("--horizon", type=int, metavar="STEPS", help="steps each member trains (after the branch)")
     p.add_argument("--branch-from", metavar="PATH", help="a stored run's folder, or a branch state's folder")

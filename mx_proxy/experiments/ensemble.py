@@ -53,8 +53,8 @@ from tqdm.auto import tqdm
 from mx_proxy.experiments import branch as _branch
 from mx_proxy.experiments import campaign, executors
 from mx_proxy.experiments.ensemble_spec import (CONTROL, HISTORY, HISTORY_FILE, KINDS, SPEC_FILE, TWIN, Ensemble,
-                                                arm_names, default_out, member_key, member_label, positive_int, read_spec,
-                                                write_spec)
+                                                arm_names, default_out, extends, member_key, member_label,
+                                                positive_int, read_spec, write_spec)
 from mx_proxy.numerics import recipe_json
 from mx_proxy.numerics.recipe import MITIGATIONS
 from mx_proxy.runner import interventions, loop as runner
@@ -67,7 +67,7 @@ from mx_proxy.training.engine import dynamic_for, program_for
 from mx_proxy.training.result import Run
 
 # the spec's names are re-exported: mx_proxy.experiments.ensemble is the experiment's one entry point
-__all__ = ["Ensemble", "KINDS", "CONTROL", "TWIN", "HISTORY", "SPEC_FILE", "HISTORY_FILE", "arm_names",
+__all__ = ["Ensemble", "KINDS", "CONTROL", "TWIN", "HISTORY", "SPEC_FILE", "HISTORY_FILE", "arm_names", "extends",
            "member_label", "member_key", "read_spec", "default_out", "units", "work", "train_unit", "train_arm", "run",
            "export", "prepare", "prepare_branch", "read_branch"]
 

@@ -20,10 +20,10 @@ from mx_proxy.numerics import recipe as _recipes
 from mx_proxy.numerics.recipe_type import Recipe
 from mx_proxy.store import durable
 from mx_proxy.store import run_store as _store
-from mx_proxy.training.config import SEED_LIMIT, Config
+from mx_proxy.training.config import INTERVENABLE_FIELDS, SEED_LIMIT, Config
 
 __all__ = ["Ensemble", "KINDS", "CONTROL", "TWIN", "HISTORY", "SPEC_FILE", "HISTORY_FILE", "arm_names",
-           "member_label", "member_key", "read_spec", "write_spec", "default_out", "positive_int"]
+           "member_label", "member_key", "read_spec", "write_spec", "extends", "arm_changes", "default_out", "positive_int"]
 
 KINDS = ("seed", "data", "branch")
 CONTROL = "unchanged"
@@ -36,6 +36,25 @@ HISTORY_FILE = "branch_history.parquet"  # the branch state's loss and per-block
 def arm_names() -> tuple[str, ...]:
     """Every valid arm name: ``unchanged``, ``twin``, the mitigations, then the recipe presets."""
     return (CONTROL, TWIN, *_recipes.MITIGATIONS, *(p for p in _recipes.PRESETS if p not in _recipes.MITIGATIONS))
+
+
+def arm_changes(arm: str) -> dict:
+    """The Config change an arm ``FIELD=VALUE`` names (``{}`` for a named
+    arm): an intervenable field (:data:`mx_proxy.training.config.INTERVENABLE_FIELDS`,
+    not the recipe) set to VALUE, read as an int, else a float, else text;
+    ``adam_eps=1e-15`` is the base recipe with Adam's ε at 1e-15."""
+    if "=" not in arm:
+        return {}
+    field, text = arm.split("=", 1)
+    if field not in INTERVENABLE_FIELDS or field == "recipe":
+        raise ValueError(f"arm {arm!r}: {field!r} is not a field an arm may change; valid: "
+                         f"{', '.join(f for f in INTERVENABLE_FIELDS if f != 'recipe')}")
+    for parse in (int, float):
+        try:
+            return {field: parse(text)}
+        except ValueError:
+            continue
+    return {field: text}
 
 
 def positive_int(name: str, v, minimum: int = 1) -> int:
@@ -53,8 +72,8 @@ class Ensemble:
       kind: ``seed``, ``data`` or ``branch`` (see :mod:`mx_proxy.experiments.ensemble`).
       base: the configuration every member shares (for ``branch``: the
         branched run's, from its state).
-      arms: arm names (:func:`arm_names`), the first is the control the
-        paired tests compare with.
+      arms: arm names (:func:`arm_names`, or ``FIELD=VALUE``: :func:`arm_changes`),
+        the first is the control the paired tests compare with.
       members: N, members per arm.
       horizon: steps each member trains: after ``branch_at`` for a branch
         ensemble, from step 0 otherwise.
@@ -92,8 +111,8 @@ class Ensemble:
             raise ValueError(f"arms must be distinct names, at least one, got {list(arms)}")
         valid = arm_names()
         for a in arms:
-            if a not in valid:
-                raise ValueError(f"unknown arm {a!r}; valid: {', '.join(valid)}")
+            if a not in valid and "=" not in a:
+                raise ValueError(f"unknown arm {a!r}; valid: {', '.join(valid)}, or FIELD=VALUE (e.g. adam_eps=1e-15)")
         positive_int("members", self.members)
         positive_int("horizon", self.horizon)
         positive_int("checkpoint_every", self.checkpoint_every)
@@ -115,8 +134,8 @@ class Ensemble:
             for what, v in (("checkpoint_every", self.checkpoint_every), ("branch_at", self.branch_at or 0)):
                 if v % every:
                     raise ValueError(f"{what} ({v}) must be a multiple of diagnostics_every ({every})")
-        for a in arms:  # an arm that cannot apply to the base recipe fails now, not in a worker
-            self.recipe(a)
+        for a in arms:  # an arm that cannot apply to the base fails now, not in a worker
+            self.config(a, 0)
 
     # -- members ---------------------------------------------------------------
     @property
@@ -142,8 +161,9 @@ class Ensemble:
         return tuple(a for a in self.arms if a != TWIN)
 
     def recipe(self, arm: str) -> Recipe:
-        """The recipe of ``arm``: the base's, a mitigation of it, or a preset."""
-        if arm == CONTROL:
+        """The recipe of ``arm``: the base's (``unchanged``, or an arm that changes
+        another field), a mitigation of it, or a preset."""
+        if arm == CONTROL or "=" in arm:
             return self.base.recipe
         if arm == TWIN:
             return self.base.reference_recipe
@@ -162,7 +182,7 @@ class Ensemble:
             changes["gradient_reference"] = "same_point"
         if self.base.val_every and self.diagnostics and self.base.val_every % self.diagnostics:
             changes["val_every"] = 0
-        return self.base.replace(**changes)
+        return self.base.replace(**changes, **arm_changes(arm))
 
     def perturbation(self, i: int) -> dict:
         return {"seed": self.seeds()[i], "epsilon": float(self.epsilon)}
@@ -207,12 +227,22 @@ def write_spec(spec: Ensemble, results: Path) -> None:
     text = json.dumps(spec.to_dict(), indent=1, sort_keys=True)
     if path.exists():
         old = read_spec(results)
-        if old != spec:
+        if old == spec:
+            return
+        if not extends(spec, old):
             diff = sorted(k for k, v in spec.to_dict().items() if old.to_dict().get(k) != v)
             raise ValueError(f"{path} holds another ensemble (differs in {', '.join(diff)}); use another --out, "
-                             f"or the same settings to resume it")
-        return
+                             f"the same settings to resume it, or more arms / members to extend it")
     durable.atomic_write(path, lambda p: Path(p).write_text(text))
+
+
+def extends(new: Ensemble, old: Ensemble) -> bool:
+    """Whether ``new`` is ``old`` with arms appended and/or more members: every
+    member ``old`` trained keeps its config and key (the ``twin`` arm cannot
+    come or go: it decides how ``unchanged`` trains)."""
+    same = dataclasses.replace(new, arms=old.arms, members=old.members) == old
+    return (same and new.arms[:len(old.arms)] == old.arms and new.members >= old.members
+            and (TWIN in new.arms) == (TWIN in old.arms))
 
 
 def member_key(spec: Ensemble, arm: str, i: int, parent: str | None) -> str:

@@ -184,3 +184,29 @@ def test_a_member_does_not_depend_on_its_unit(trained, parent, tmp_path):
     for arm in ("unchanged", "fp32"):
         for a, b in zip(again[arm], runs[arm]):
             pd.testing.assert_frame_equal(a.metrics.drop(columns=["val_loss"]), b.metrics.drop(columns=["val_loss"]))
+
+
+def test_an_arm_may_change_one_intervenable_field(parent):
+    spec = _spec(parent, arms=("unchanged", "adam_eps=1e-15", "lr=0.001"))
+    assert spec.config("adam_eps=1e-15", 0).adam_eps == 1e-15 and spec.config("lr=0.001", 1).lr == 1e-3
+    assert spec.config("adam_eps=1e-15", 0).recipe == parent.config.recipe
+    with pytest.raises(ValueError, match="'width' is not a field an arm may change; valid: .*adam_eps"):
+        _spec(parent, arms=("unchanged", "width=64"))
+
+
+def test_an_ensemble_extends_with_arms_and_members_without_retraining(trained, parent, tmp_path):
+    import shutil
+    from mx_proxy.runner import loop as runner
+    spec, out, runs = trained
+    shutil.copytree(out, tmp_path / "e")
+    more = _spec(parent, epsilon=1e-3, arms=spec.arms + ("adam_eps=1e-15",), members=5)
+    assert E.extends(more, spec) and not E.extends(_spec(parent, arms=("unchanged", "fp32")), spec)
+    log = []
+    runner.hooks.append(log.append)
+    try:
+        again = E.run(more, tmp_path / "e", progress=False, log=lambda *_: None)
+    finally:
+        runner.hooks.remove(log.append)
+    assert sorted((c.recipe.name, c.adam_eps, c.data_seed) for c in log) == sorted(
+        [("paper_e4m3", 1e-15, s) for s in range(1, 6)] + [("paper_e4m3", 1e-8, 5), ("fp32", 1e-8, 5)])
+    pd.testing.assert_frame_equal(again["fp32"][0].metrics, runs["fp32"][0].metrics)
