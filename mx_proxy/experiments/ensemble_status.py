@@ -4,8 +4,9 @@ Per arm: members exported (done), members with a checkpoint (their newest
 step; ``training`` while the process that writes it lives, ``interrupted``
 once it is gone: rerunning the command resumes them), member-steps done and
 left, the measured seconds per member-step (a checkpoint's ``wall_time_s``,
-summed over a resumed member's stretches, over the steps it covers) and the
-hours left at that speed in one process.
+summed over a resumed member's stretches, over the steps it covers; the
+median over members, per model, a member trained beside its FP32 twin
+counting two) and the hours left at that speed in one process.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def status(out) -> pd.DataFrame:
     root = out / "runs"
     rows, rates = [], []
     for arm in spec.trained_arms():
+        models = 2 if spec.config(arm, 0).has_paired_run else 1  # a member trained beside its FP32 twin
         done, running, steps_done, states = 0, 0, 0, set()
         for i in range(spec.members):
             if (out / "results" / _ens.member_label(arm, i) / "run.json").exists():
@@ -62,12 +64,12 @@ def status(out) -> pd.DataFrame:
                 states.add(state)
                 steps_done += step - spec.start
                 if rate is not None:
-                    rates.append(rate)
-        rows.append({"arm": arm, "members": spec.members, "done": done, "with_checkpoint": running,
+                    rates.append(rate / models)
+        rows.append({"arm": arm, "models": models, "members": spec.members, "done": done, "with_checkpoint": running,
                      "state": "done" if done == spec.members else "/".join(sorted(states)) or "not started",
                      "member_steps_done": steps_done, "member_steps_left": spec.members * spec.horizon - steps_done})
     df = pd.DataFrame(rows)
-    rate = float(np.median(rates)) if rates else np.nan
-    df["s_per_member_step"] = rate
-    df["hours_left"] = df["member_steps_left"] * rate / 3600.0
-    return df
+    rate = float(np.median(rates)) if rates else np.nan  # per model-step: a twin-paired member-step is two
+    df["s_per_member_step"] = df["models"] * rate
+    df["hours_left"] = df["member_steps_left"] * df["s_per_member_step"] / 3600.0
+    return df.drop(columns="models")
