@@ -15,8 +15,11 @@ GEMMs at this CPU's measured speeds (bf16 dots where both operands hold
 bf16 values and ``dot="bf16"``, float32 dots otherwise; the teacher
 float32) plus the FP32 step's non-GEMM time (the FP32 step minus its
 roofline): what the step would take if quantizing and rounding cost
-nothing beyond FP32's own vector math. The CPU is printed, since the
-bf16-dot speedup depends on it.
+nothing beyond FP32's own vector math. Each ``dot`` compiles with its own
+XLA options (``dot="f32"`` turns YNNPACK's fusions off, see
+:func:`mx_proxy.training.engine.compiler_options`), so the GEMMs are timed
+under both, and a step is held against the FP32 step and GEMMs compiled
+like it. The CPU is printed, since the bf16-dot speedup depends on it.
 
 Targets: ``paper_e4m3`` (``dot="bf16"``) <= 0.8 x the FP32 step on a CPU
 with native bf16 dots; every MX step <= 1.25 x its own roofline, on any
@@ -26,6 +29,7 @@ CPU; the FP32 step >= 85 % of its roofline.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import jax
@@ -106,18 +110,19 @@ def flops(gemm) -> int:
     return 2 * a[1 - ka] * a[ka] * c[1 - kb]
 
 
-def gemm_timer(gemms: list, steps: int, dtype: str):
+def gemm_timer(gemms: list, steps: int, dtype: str, options: dict | None = None):
     """A callable running ``gemms`` ``steps`` times, float32 dots at HIGHEST
     precision or bf16 x bf16 -> float32 dots; nothing else but a scalar
     carry that feeds every operand and consumes every output, so XLA can
-    neither hoist the GEMMs out of the loop nor shrink them."""
+    neither hoist the GEMMs out of the loop nor shrink them. ``options``:
+    XLA compiler options (those of the step it stands for)."""
     key = jax.random.key(0)
     dt = jnp.float32 if dtype == "f32" else jnp.bfloat16
     operands = [(jax.random.normal(key, a).astype(dt), jax.random.normal(key, c).astype(dt)) for _, _, a, c, _ in gemms]
     dims = [(((ka,), (kb,)), ((), ())) for *_, (ka, kb) in gemms]
     precision = jax.lax.Precision.HIGHEST if dtype == "f32" else None
 
-    @jax.jit
+    @functools.partial(jax.jit, compiler_options=options)
     def run(ops):
         def body(acc, _):
             outs = [jax.lax.dot_general(a + acc.astype(dt), c, dn, precision=precision,
@@ -168,35 +173,43 @@ def main(argv=None) -> int:
     fns = {(r, d, g): step_timer(base.replace(recipe=r, dot=d, diagnostics_every=g), args.steps)
            for g in diags for r, d in cases}
     student = student_gemms(base)
-    for dt in DTYPES:
+    # the GEMMs as each dot setting compiles them: (dot setting, dtype) -> XLA options
+    compiled = {(d, dt): compiler_options(base.replace(dot=d)) for d in ("f32", "bf16") for dt in DTYPES
+                if dt == "f32" or d == "bf16"}
+    for (d, dt), options in compiled.items():
         for kind in KINDS:
-            fns["gemm", dt, kind] = gemm_timer([g for g in student if g[1] == kind], args.steps, dt)
-    fns["teacher"] = gemm_timer(teacher_gemms(base), args.steps, "f32")
+            fns["gemm", d, dt, kind] = gemm_timer([g for g in student if g[1] == kind], args.steps, dt, options)
+        if dt == "f32":
+            fns["teacher", d] = gemm_timer(teacher_gemms(base), args.steps, "f32", options)
     t = {k: v / args.steps for k, v in interleaved_medians(fns, args.repeats).items()}
 
     kind_flops = {kind: sum(flops(g) for g in student if g[1] == kind) for kind in KINDS}
-    per_flop = {(dt, kind): t["gemm", dt, kind] / kind_flops[kind] for dt in DTYPES for kind in KINDS}
-    print("  GEMMs alone, GFLOP/s      " + "  ".join(f"{k:>6s}" for k in KINDS))
-    for dt, label in (("f32", "float32 dots"), ("bf16", "bf16 x bf16 -> f32")):
-        print(f"    {label:22s}" + "  ".join(f"{1e-9 / per_flop[dt, k]:6.0f}" for k in KINDS))
-    fp32_gemm = sum(t["gemm", "f32", k] for k in KINDS) + t["teacher"]
+    per_flop = {(d, dt, kind): t["gemm", d, dt, kind] / kind_flops[kind] for d, dt in compiled for kind in KINDS}
+    print("  GEMMs alone, GFLOP/s                     " + "  ".join(f"{k:>6s}" for k in KINDS))
+    labels = {"f32": "float32 dots", "bf16": "bf16 x bf16 -> f32"}
+    for d, dt in compiled:
+        print(f"    {labels[dt]:19s} as dot={d:4s} compiles" + "  ".join(f"{1e-9 / per_flop[d, dt, k]:6.0f}"
+                                                             for k in KINDS))
+    fp32_gemm = {d: sum(t["gemm", d, "f32", k] for k in KINDS) + t["teacher", d] for d in ("f32", "bf16")}
     for g in diags:
-        print("  diagnostics " + ("every step" if g else "off") + "   (ms/step; / the FP32 step; / its own roofline)")
+        print("  diagnostics " + ("every step" if g else "off") + "   (ms/step; / the FP32 step with dot=f32; "
+              "/ its own roofline)")
         f = t["fp32", "f32", g]
-        non_gemm = max(f - fp32_gemm, 0.0)
         for r, d in cases:
             step = t[r, d, g]
             line = f"    {r:11s} dot={d:4s} {step * 1e3:8.2f}   / fp32 {step / f:5.2f}"
             if r == "fp32":
-                print(line)
+                print(f"{line}   roofline {fp32_gemm[d] * 1e3:8.2f} (its GEMMs), step at "
+                      f"{100 * fp32_gemm[d] / step:3.0f} % of it (target >= {100 * FP32_TARGET:.0f} %)")
                 continue
-            roof = roofline(r, d, base, per_flop, t["teacher"], non_gemm)
+            non_gemm = max(t["fp32", d, g] - fp32_gemm[d], 0.0)
+            speeds = {(dt, k): per_flop[d, dt, k] for dt in DTYPES for k in KINDS if (d, dt, k) in per_flop}
+            roof = roofline(r, d, base, speeds, t["teacher", d], non_gemm)
             target = f" (target <= {PAPER_TARGET:.2f})" if r == "paper_e4m3" and d == "bf16" and cpu["native_bf16"] else ""
             print(f"{line}{target}   roofline {roof * 1e3:8.2f}, step / roofline {step / roof:5.2f} "
                   f"(target <= {ROOFLINE_TARGET:.2f})")
-    f = t["fp32", "f32", 0]
     gflop = (sum(kind_flops.values()) + sum(flops(g) for g in teacher_gemms(base))) / 1e9
-    print(f"  fp32 roofline (its GEMMs alone) {fp32_gemm * 1e3:8.2f} ms/step ({gflop:.2f} GFLOP/step, "
-          f"{gflop / fp32_gemm:.0f} GFLOP/s)   fp32 step at {100 * fp32_gemm / f:4.0f} % of it "
-          f"(target >= {100 * FP32_TARGET:.0f} %); non-GEMM time {max(f - fp32_gemm, 0) * 1e3:.2f} ms/step")
+    non_gemm = ", ".join(f"dot={d} {max(t['fp32', d, 0] - fp32_gemm[d], 0) * 1e3:.2f} ms" for d in fp32_gemm)
+    print(f"  {gflop:.2f} GFLOP of GEMMs per step; an MX roofline's non-GEMM time is the FP32 step's with the "
+          f"same dot setting minus its GEMMs: {non_gemm}")
     return 0
