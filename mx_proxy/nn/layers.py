@@ -9,7 +9,7 @@ passes ``fold_in``-derived keys per (seed, step, layer) replays exactly. A
 (same bits, same key) and both GEMMs see the same quantized weight.
 
 Vector math is rounded elementwise to the recipe's vector precision with its
-rounding mode (:func:`vround`); a rounding's backward rounds the cotangent
+rounding mode (:func:`vround`, in :mod:`mx_proxy.nn.rounding`); a rounding's backward rounds the cotangent
 the same way (or, with ``backward_precision="fp32"``, not at all), as the
 reference library rounds its backward. ``layer_norm`` follows the MX
 library's ``LayerNormFunction`` op for op, forward and backward (a
@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.layout import Layout, with_layout_constraint
 
+from mx_proxy.nn.rounding import _round_grad, _round_to, _rounder, bf16_round, vround
 from mx_proxy.numerics.quantize import MXSpec, quantize
 from mx_proxy.numerics.recipe import Recipe
 from mx_proxy.pallas.matmul import mx_dot
@@ -38,63 +39,6 @@ __all__ = ["mx_dense", "mx_matmul", "layer_norm", "rms_norm", "activation", "ACT
 ACTIVATIONS = ("gelu", "relu", "swiglu", "tanh", "linear", "relu2", "silu")
 ROLES = ("fwd_x", "fwd_w", "dgrad_g", "dgrad_w", "wgrad_x", "wgrad_g")
 _HIGHEST = jax.lax.Precision.HIGHEST
-
-
-def bf16_round(x, rounding: str = "even"):
-    """float32 → nearest bfloat16 value (as float32), ties to ``"even"`` or ``"away"`` from zero.
-
-    ``"away"`` is the reference library's ``round="nearest"`` (its
-    ``_quantize_bfloat``): magnitudes past the largest bf16 become ±inf,
-    bf16 subnormals are kept, NaN stays NaN. It works on the float32 bit
-    pattern (add half an ulp of bf16 to the magnitude, truncate), so it is
-    exact.
-    """
-    if rounding == "even":
-        return x.astype(jnp.bfloat16).astype(jnp.float32)
-    if rounding != "away":
-        raise ValueError(f"unknown rounding {rounding!r}; valid: even, away")
-    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
-    up = (bits + jnp.uint32(0x8000)) & jnp.uint32(0xFFFF0000)
-    return jnp.where(jnp.isnan(x), x, jax.lax.bitcast_convert_type(up, jnp.float32))
-
-
-def _round_to(x, precision: str, rounding: str):
-    return x if precision == "fp32" else bf16_round(x, rounding)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
-def _rounded(x, rounding: str, bwd_precision: str, bwd_rounding: str):
-    return bf16_round(x, rounding)
-
-
-def _rounded_fwd(x, rounding, bwd_precision, bwd_rounding):
-    return bf16_round(x, rounding), None
-
-
-def _rounded_bwd(rounding, bwd_precision, bwd_rounding, _, g):
-    return (_round_to(g, bwd_precision, bwd_rounding),)
-
-
-_rounded.defvjp(_rounded_fwd, _rounded_bwd)
-
-
-def vround(x, precision: str, rounding: str = "even", backward: str | None = None):
-    """Round elementwise to a vector precision (``"bf16"``) or pass (``"fp32"``).
-
-    ``rounding``: ``"even"`` or ``"away"`` (see :func:`bf16_round`).
-    ``backward``: the precision its cotangent is rounded to (``None``: the
-    same as the forward, with the same rounding; ``"fp32"``: untouched).
-    """
-    if precision == "fp32":
-        return x
-    if rounding == "even" and backward in (None, precision):
-        return bf16_round(x)  # the convert's own transpose rounds the cotangent the same way
-    bwd = precision if backward is None else backward
-    return _rounded(x, rounding, bwd, rounding)
-
-
-def _rounder(precision: str, rounding: str, backward: str | None = None):
-    return functools.partial(vround, precision=precision, rounding=rounding, backward=backward)
 
 
 def _q(x, spec: MXSpec | None, axis: int, vector: str, key=None, rounding: str = "even"):
@@ -148,6 +92,12 @@ def mx_matmul(a, b, a_spec: MXSpec | None, b_spec: MXSpec | None, vector: str = 
     they differ only in summation order. GPUs always take the bf16 dot (tensor
     cores). Other GEMMs are float32 dots at HIGHEST precision everywhere.
     """
+    return vround(_gemm(a, b, a_spec, b_spec, vector, backend, a_axis, b_axis, a_key, b_key, rounding, dot),
+                  vector, rounding)
+
+
+def _gemm(a, b, a_spec, b_spec, vector, backend, a_axis, b_axis, a_key, b_key, rounding, dot):
+    """:func:`mx_matmul` before its output rounding: the float32 accumulation."""
     if backend == "pallas" and a_spec is not None and b_spec is not None:
         # both operands MX: Pallas quantize kernels + MX GEMM, no transposes materialized (mx_proxy/pallas/README.md).
         # A GEMM with an unquantized operand is an ordinary GEMM: the XLA code below, on every backend.
@@ -178,7 +128,7 @@ def mx_matmul(a, b, a_spec: MXSpec | None, b_spec: MXSpec | None, vector: str = 
             out = jax.lax.platform_dependent(qa, qb, cuda=bf16_dot, rocm=bf16_dot, default=cpu)
         else:
             out = f32_dot(qa, qb)
-    return vround(out, vector, rounding)
+    return out
 
 
 def _bf16_exact(spec: MXSpec | None, vector: str) -> bool:
@@ -217,10 +167,9 @@ def _dense2d_bwd(recipe, res, g):
     dx = mx_matmul(g, w, r.dgrad_g, r.dgrad_w, v, r.backend, a_axis=1, b_axis=1,  # over out-features
                    rounding=rnd, dot=r.dot,
                    a_key=operand_key(key, r, "dgrad_g"), b_key=operand_key(key, r, "dgrad_w"))
-    dw = mx_matmul(x, g, r.wgrad_x, r.wgrad_g, v, r.backend, a_axis=0, b_axis=0,  # over the batch
-                   rounding=rnd, dot=r.dot,
-                   a_key=operand_key(key, r, "wgrad_x"), b_key=operand_key(key, r, "wgrad_g"))
-    db = None if b is None else vround(jnp.sum(g, axis=0), v, rnd)
+    dw = _round_grad(_gemm(x, g, r.wgrad_x, r.wgrad_g, v, r.backend, 0, 0,  # over the batch
+                           operand_key(key, r, "wgrad_x"), operand_key(key, r, "wgrad_g"), rnd, r.dot), v, rnd)
+    db = None if b is None else _round_grad(jnp.sum(g, axis=0), v, rnd)
     return dx, dw, db, None
 
 
@@ -260,7 +209,7 @@ def quantize_affine(p, recipe: Recipe):
     when ``recipe.ln_affine`` is set, else rounded to the LN precision
     (unrounded with ``ln_precision`` ``"fp32"`` or ``"stats_fp32"``)."""
     prec = recipe.vector if recipe.ln_precision == "vector" else "fp32"
-    p = vround(p, prec, recipe.vector_rounding, recipe.backward_vector)
+    p = vround(p, prec, recipe.vector_rounding, recipe.backward_vector, param=True)
     if recipe.ln_affine is None:
         return p
     return quantize(p, recipe.ln_affine, axis=-1)
@@ -313,10 +262,11 @@ def _library_ln_bwd(eps, stats, rest, bwd, rounding, res, g):
     library, every op rounded to ``bwd``."""
     xn, vare, gain, has_bias = res
     rb = functools.partial(_round_to, precision=bwd, rounding=rounding)
+    rg = functools.partial(_round_grad, precision=bwd, rounding=rounding)  # the parameter gradients
     g = rb(g)
     rows = tuple(range(g.ndim - 1))
-    dbias = rb(jnp.sum(g, axis=rows)) if has_bias else None
-    dgain = rb(jnp.sum(rb(g * xn), axis=rows)) if gain is not None else None
+    dbias = rg(jnp.sum(g, axis=rows)) if has_bias else None
+    dgain = rg(jnp.sum(rb(g * xn), axis=rows)) if gain is not None else None
     dxn = rb(g * gain) if gain is not None else g
     std = rb(jnp.sqrt(vare))
     inv = rb(1.0 / std)

@@ -71,6 +71,26 @@ def test_ties_away_and_ties_even_differ_exactly_on_ties():
     assert differ.any() and not (differ & ~tie).any()
 
 
+def test_bf16_round_away_is_the_same_with_and_without_its_convert():
+    """``bf16_round(x, "away")`` ends with a convert through bfloat16 (so that
+    XLA:CPU keeps its result as a bf16 array); it changes no value: every
+    upper half of a float32 bit pattern with the lower halves that decide a
+    rounding (0, 1, just below, at and above the tie, all ones), subnormals
+    and Inf included, against the integer round alone (``convert=False``);
+    NaN stays NaN. Subnormal samples also against the float64 reference."""
+    hi = np.arange(1 << 16, dtype=np.uint32) << 16
+    lo = np.array([0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF], np.uint32)
+    x = (hi[:, None] | lo[None, :]).ravel().view(np.float32)
+    with_convert = np.asarray(jax.jit(lambda v: layers.bf16_round(v, "away"))(x))
+    without = np.asarray(jax.jit(lambda v: layers.bf16_round(v, "away", convert=False))(x))
+    nan = np.isnan(x)
+    np.testing.assert_array_equal(with_convert.view(np.uint32)[~nan], without.view(np.uint32)[~nan])
+    assert np.isnan(with_convert[nan]).all() and np.isnan(without[nan]).all()
+    sub = x[(np.abs(x) < np.float32(2.0**-126)) & (x != 0)][::37]
+    np.testing.assert_array_equal(np.asarray(layers.bf16_round(jnp.asarray(sub), "away")),
+                                  _bf16_reference(sub, "away"))
+
+
 def test_vround_backward_rounds_the_cotangent_unless_fp32():
     x = jnp.linspace(-3, 3, 97, dtype=jnp.float32)
     g = jnp.full_like(x, 1.0 + 2.0 ** -9)  # rounds to 1.0 in bf16 (ties: no; below half an ulp)

@@ -16,6 +16,7 @@ BENCHMARKS = {
     "sweep": "mx_proxy.cli.bench.sweep",
     "compile": "mx_proxy.cli.bench.compile",
     "kernels": "mx_proxy.cli.bench.kernels",
+    "members": "mx_proxy.cli.bench.members",
 }
 
 
