@@ -72,7 +72,7 @@ from mx_proxy.viz.explore_results import PANELS, REFERENCE, TABLE_COLUMNS, draw_
 __all__ = ["explore", "Explorer", "train_live", "base_config", "PANELS", "CONTROLS"]
 
 # what the panel shows where its widget cannot render (a saved notebook on a viewer without widgets)
-TEXT_REPR = "mxp.explore() panel (a widget: run the notebook's cells in Jupyter to use it)"
+TEXT_REPR = "mxp.explore() panel (a live widget: it shows while the notebook's kernel runs)"
 
 
 def base_config(**defaults) -> Config:
@@ -208,6 +208,7 @@ class Explorer:
         with self._lock:
             for ax, (col, label, scale) in zip(self.axes, PANELS):
                 draw_panel(ax, shown, col, label, scale)
+            _results.legend(self.figure)
 
     # -- training ------------------------------------------------------------
     def configs(self) -> list[Config]:

@@ -10,7 +10,7 @@ from mx_proxy.numerics.recipe import PRESETS, Recipe
 from mx_proxy.viz import plots
 from mx_proxy.viz.explore_controls import markdown_html
 
-__all__ = ["PANELS", "TABLE_COLUMNS", "REFERENCE", "draw_panel", "table", "conclusions", "summary_html",
+__all__ = ["PANELS", "TABLE_COLUMNS", "REFERENCE", "draw_panel", "legend", "table", "conclusions", "summary_html",
            "results_html", "recipe_defaults"]
 
 # (metrics column, axis label, y scale): the figure's panels, in order
@@ -24,7 +24,8 @@ REFERENCE = "fp32"
 def draw_panel(ax, shown: dict, col: str, label: str, scale: str) -> None:
     """One panel: column ``col`` of every run in ``shown`` (name → Run); FP32
     has no ‖ζ‖ or cosine to show (exactly 0 and 1 against itself), a norm
-    without gains gets a note instead of a clamp curve."""
+    without gains gets a note instead of a clamp curve. No legend: the
+    figure has one, below its panels (:func:`legend`)."""
     ax.clear()
     ax.set_title(label, fontsize=10)
     ax.set_xlabel("step")
@@ -40,12 +41,23 @@ def draw_panel(ax, shown: dict, col: str, label: str, scale: str) -> None:
         if run.diverged_at is not None:
             ax.axvline(run.diverged_at, color=plots.color(name), ls=":", lw=1)
         drawn += 1
-    if drawn:
-        ax.legend(fontsize=7, loc="best", framealpha=0.8)
-    elif col == "ln_clamp_frac" and shown:
+    if not drawn and col == "ln_clamp_frac" and shown:
         norm = next(iter(shown.values())).config.norm
         ax.text(0.5, 0.5, f"no LN gains to clamp (norm={norm})", ha="center", va="center",
                 transform=ax.transAxes, fontsize=9, color="0.4")
+
+
+def legend(figure) -> None:
+    """One legend for all panels, below them (never over a curve): each run once."""
+    for old in list(figure.legends):
+        old.remove()
+    seen = {}
+    for ax in figure.axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, handle)
+    if seen:
+        figure.legend(list(seen.values()), list(seen), loc="outside lower center", ncol=min(len(seen), 6),
+                      fontsize=8, frameon=False)
 
 
 def table(runs) -> pd.DataFrame:
