@@ -195,7 +195,7 @@ def ln_gains(run, fmt: str | None = None):
     ax.set_ylabel("mean LN gain per block")
     ax.set_title(f"{run.config.recipe.name}: LN gains; shaded: {spec.element.name} clamp bands "
                  f"[{lo:g}, 1)·2^k", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)  # beside: over no curve
     fig.tight_layout()
     return fig
 
