@@ -14,6 +14,7 @@ the ``--shots`` folder.
 from __future__ import annotations
 
 import base64
+import difflib
 import json
 import time
 from pathlib import Path
@@ -41,6 +42,7 @@ RUN_ALL = """
     if (!running && kernel.status === 'idle') break;
   }
   await new Promise(r => setTimeout(r, 1500));
+  if (%(save)s) { await w.context.save(); }  // File → Save, as a reader would after running it
   const imgs = Array.from(w.node.querySelectorAll('.jp-OutputArea-output img'));
   return JSON.stringify({
     seconds: (Date.now() - t0) / 1000,
@@ -112,9 +114,12 @@ def _shot(page, shots: Path | None, name: str) -> None:
     (shots / f"{name}.png").write_bytes(base64.b64decode(page.call("Page.captureScreenshot", format="png")["data"]))
 
 
-def run_notebook(page, name: str, committed_images: int, timeout: float, shots: Path | None) -> tuple[bool, dict]:
-    """Run All in notebook ``name`` (already in the server's root); (passed, report)."""
-    r = json.loads(page.evaluate(RUN_ALL % {"path": json.dumps(name), "timeout_ms": int(1000 * timeout)}))
+def run_notebook(page, name: str, committed_images: int, timeout: float, shots: Path | None,
+                 saved: Path | None = None, committed: Path | None = None) -> tuple[bool, dict]:
+    """Run All in notebook ``name`` (already in the server's root); (passed, report). With ``saved`` (its
+    file in the server's root) and ``committed``: saved after running, and compared with the committed file."""
+    r = json.loads(page.evaluate(RUN_ALL % {"path": json.dumps(name), "timeout_ms": int(1000 * timeout),
+                                            "save": "true" if saved else "false"}))
     _shot(page, shots, f"{Path(name).stem}_run_all")
     ok = (r["kernel"] == "idle" and not r["unrun"] and not r["errors"] and r["images_loaded"] >= committed_images
           and r["images_loaded"] == r["images"])
@@ -124,6 +129,13 @@ def run_notebook(page, name: str, committed_images: int, timeout: float, shots: 
           f"figures); progress lines seen: {r['progress_lines'] or 'none'}")
     for e in r["errors"]:
         print(f"  error output: {e}")
+    if saved is not None and committed is not None:
+        before, after = committed.read_text(encoding="utf-8"), saved.read_text(encoding="utf-8")
+        changed = [line for line in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0)
+                   if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+        r["changed_on_save"] = len(changed)
+        print(f"  saved after running: {'the same file as committed' if not changed else f'{len(changed)} lines differ'}"
+              + ("".join(f"\n    {line[:160]}" for line in changed[:12])))
     return ok, r
 
 

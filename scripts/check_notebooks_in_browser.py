@@ -161,7 +161,10 @@ def run_and_use(page, paths, args) -> int:
     page.call("Emulation.setDeviceMetricsOverride", width=1400, height=1600, deviceScaleFactor=1, mobile=False)
     failures = 0
     for q in paths:
-        ok, _ = browser_run.run_notebook(page, q.name, figures_in(q), args.run_timeout, shots)
+        ok, report = browser_run.run_notebook(page, q.name, figures_in(q), args.run_timeout, shots,
+                                              saved=args.work / q.name, committed=q)
+        if not q.name.startswith("10_"):  # notebook 10's saved file also holds its live panel's widget view
+            ok = ok and report.get("changed_on_save") == 0
         if q.name.startswith("10_"):
             if args.panel_picture and ok:
                 store_picture(browser_run.panel_screenshot(page))
@@ -197,7 +200,7 @@ def main(argv=None) -> int:
         print(f"no notebook matches {args.only}", file=sys.stderr)
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="nb-browser-"))
-    work = tmp / "notebooks"
+    work = args.work = tmp / "notebooks"
     work.mkdir()
     for q in paths:
         shutil.copy2(q, work / q.name)

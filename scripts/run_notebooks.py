@@ -102,6 +102,19 @@ def overwrite_carriage_returns(text: str) -> str:
     return "\n".join(lines)
 
 
+def merged_streams(outputs: list) -> list:
+    """``outputs`` with consecutive outputs of one stream joined into one (as JupyterLab stores them)."""
+    merged = []
+    for out in outputs:
+        last = merged[-1] if merged else None
+        if (out.get("output_type") == "stream" and last is not None and last.get("output_type") == "stream"
+                and last.get("name") == out.get("name")):
+            last["text"] += out["text"]
+            continue
+        merged.append(out)
+    return merged
+
+
 def without_widgets(outputs: list) -> list:
     """``outputs`` with every widget view dropped (its other representations kept; an output left empty goes)."""
     kept = []
@@ -119,8 +132,8 @@ def normalize(nb, stem: str = "notebook", kernel: dict | None = None, widgets: b
     """``nb`` normalized as JupyterLab saves it (see the module docstring):
     no execution timestamps, code cells numbered from 1, cell ids kept
     (added where missing), kernelspec from the installed kernel spec
-    (``kernel`` overrides it), streams with carriage returns applied, and
-    no widget views or widget state (``widgets=True`` keeps them, model ids
+    (``kernel`` overrides it), streams joined and with carriage returns
+    applied, and no widget views or widget state (``widgets=True`` keeps them, model ids
     renumbered)."""
     nb.nbformat, nb.nbformat_minor = 4, max(nb.get("nbformat_minor", 0), NBFORMAT_MINOR)
     nb.metadata["kernelspec"] = kernel or kernelspec(nb.metadata.get("kernelspec", {}).get("name", "python3"))
@@ -134,8 +147,9 @@ def normalize(nb, stem: str = "notebook", kernel: dict | None = None, widgets: b
         if cell.cell_type == "code":
             n += 1
             cell.execution_count = n
+            cell.outputs = merged_streams(cell.get("outputs", []))
             if not widgets:
-                cell.outputs = without_widgets(cell.get("outputs", []))
+                cell.outputs = without_widgets(cell.outputs)
             for out in cell.get("outputs", []):
                 if "execution_count" in out:
                     out["execution_count"] = n

@@ -155,6 +155,9 @@ def test_every_notebook_has_one_parameters_cell_and_a_conclusion():
         assert "SCALE =" in tagged[0].source and "STORE =" in tagged[0].source
         assert "os.environ" not in "".join(c.source for c in nb.cells if c.cell_type == "code")
         assert any(c.cell_type == "markdown" and "What this shows" in c.source for c in nb.cells), path.name
+        first = nb.cells[0]  # states its runtime at its default scale, measured on a 2-core CPU
+        assert first.cell_type == "markdown" and "**Runtime**" in first.source, path.name
+        assert re.search(r"measured on a 2-core CPU.*quick ≈ \d", first.source, flags=re.S), path.name
 
 
 def test_notebook_10_builds_and_drives_the_explorer():
