@@ -92,8 +92,10 @@ PANEL = """
     const reply = kernel.requestExecute({code: '1 + 1', store_history: false});
     reply.onIOPub = msg => { if (msg.header.msg_type === 'execute_result') answer = msg.content.data['text/plain']; };
     await reply.done;
+    for (let i = 0; i < 20 && kernel.status !== 'idle'; i++) { await new Promise(r => setTimeout(r, 100)); }
   }
   panel.scrollIntoView({block: 'start'});
+  await new Promise(r => setTimeout(r, 800));  // the notebook's windowed view settles after a scroll
   const box = panel.getBoundingClientRect();
   return JSON.stringify({
     found: true, kernel: kernel.status, answer,
@@ -161,10 +163,13 @@ def use_explorer(page, timeout: float, shots: Path | None) -> bool:
     print(f"notebook 10: typed seed 1, steps 300 into the panel and clicked Train; the status reads "
           f"{r['status'][:120]!r}")
     _shot(page, shots, "10_explore_training")
-    r = _until(page, lambda r: "seed 1, 300 steps" in r["results"], timeout)
-    short_ok = "seed 1, 300 steps" in r["results"] and r["kernel"] == "idle"
-    print(f"  then the panel's results read {r['results'][:160]!r}… (the table followed Train: {short_ok}); "
-          f"buttons {r['buttons']}")
+    def trained(r):  # the status line's summary of the runs, Train enabled, the table of the new runs
+        return "final loss" in r["status"] and not dict(r["buttons"])["Train"] and "seed 1, 300 steps" in r["results"]
+
+    r = _until(page, trained, timeout)
+    short_ok = trained(r) and r["kernel"] == "idle"
+    print(f"  then the status reads {r['status'][:160]!r}, the panel's results {' '.join(r['results'].split())[:300]!r}… "
+          f"(the table followed Train: {short_ok}); buttons (name, disabled) {r['buttons']}")
     _shot(page, shots, "10_explore_trained")
     r = _panel(page, type={"seed": "2", "steps": "1000000"}, click="Train")
     print(f"  typed seed 2, steps 1000000 and clicked Train; the status reads {r['status'][:120]!r}")
@@ -185,8 +190,8 @@ def use_explorer(page, timeout: float, shots: Path | None) -> bool:
 def panel_screenshot(page) -> bytes:
     """A picture of the open notebook's explorer panel as it shows now."""
     r = _panel(page)
-    b = r["box"]
-    time.sleep(0.5)
+    time.sleep(1.0)
+    b = _panel(page)["box"]
     shot = page.call("Page.captureScreenshot", format="png", captureBeyondViewport=True,
                      clip={"x": b["x"], "y": b["y"], "width": b["width"], "height": b["height"], "scale": 1})["data"]
     return base64.b64decode(shot)

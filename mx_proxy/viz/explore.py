@@ -271,7 +271,8 @@ class Explorer:
                 for config in configs:
                     self.runs.append(self._train_one(config, done))
                     self._live.pop(config.recipe.name, None)
-                    interruption.finish(self.runs[-1])
+                    if not any(r is self.runs[-1] for r in interruption.finished):  # a run loaded, not trained
+                        interruption.finish(self.runs[-1])
                     done += config.steps
                     self._show_results()
         except interrupt.Interrupted as err:

@@ -105,7 +105,13 @@ def results_html(runs) -> str:
     runs = list(runs)
     if not runs:
         return ""
-    return table(runs).to_html(float_format=lambda x: f"{x:.4g}", na_rep="—") + markdown_html(conclusions(runs))
+    t = table(runs).reset_index()
+    cell = "padding:2px 10px;border-bottom:1px solid #ccc;text-align:right"
+    head = "".join(f"<th style='{cell}'>{c}</th>" for c in t.columns)
+    rows = "".join("<tr>" + "".join(f"<td style='{cell}'>{v if isinstance(v, str) else '—' if pd.isna(v) else f'{v:.4g}'}"
+                                    "</td>" for v in row) + "</tr>" for row in t.itertuples(index=False))
+    return (f"<table style='border-collapse:collapse;margin:4px 0'><tr>{head}</tr>{rows}</table>"
+            + markdown_html(conclusions(runs)))
 
 
 def summary_html(runs, store) -> str:
