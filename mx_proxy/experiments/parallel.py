@@ -121,6 +121,9 @@ class _Bar:
     def update(self, n=1):
         self.out.put(("steps", self.uid, int(n), time.time()))
 
+    def close(self):
+        pass
+
     def __enter__(self):
         return self
 
