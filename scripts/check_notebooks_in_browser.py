@@ -1,37 +1,45 @@
 #!/usr/bin/env python
-"""Open the committed notebooks in JupyterLab in a headless Chromium, save them, and check nothing changed.
+"""Open the committed notebooks in JupyterLab in a headless Chromium: save them unchanged, or run and use them.
 
-    python scripts/check_notebooks_in_browser.py                    # every notebooks/[0-9][0-9]_*.ipynb
-    python scripts/check_notebooks_in_browser.py 10 --shots /tmp/shots
+    python scripts/check_notebooks_in_browser.py                    # every notebook: opened, saved, compared
+    python scripts/check_notebooks_in_browser.py --run --shots DIR  # 01, 04, 10: Run All, the explorer, Interrupt
+    python scripts/check_notebooks_in_browser.py --run 10 --panel-picture   # and store the panel's picture
 
 What a reader does who only looks: each notebook is opened (its kernel starts,
 nothing is run), left to settle, and saved through JupyterLab's own document
 model. Reported per notebook: whether JupyterLab marked it modified before the
 save, whether the saved file differs from the committed one (a diff if so),
-and, for notebooks with saved widget state, how many widget views rendered and
-whether a ``VBox(...)`` text shows instead, and whether the pictures of markdown
-cells loaded. ``--shots`` keeps a screenshot of each. Works on copies in a
-temporary folder: the repository is not touched, except by ``--panel-picture``.
+whether a widget failed or a ``VBox(...)`` text shows, and whether the
+pictures of markdown cells loaded.
 
-A freshly opened notebook is untrusted, and JupyterLab renders no widget of an
-untrusted notebook (it falls back to the output's text). ``--panel-picture``
-also opens a *trusted* copy of notebook 10, checks that its panel renders from
-the saved widget state (controls, Train button, the figure in its Output
-widget), and stores a screenshot of the panel as the ``panel.png`` attachment
-of notebook 10's picture cell: the picture a reader sees before running the
-cells. Rerun it after ``scripts/run_notebooks.py 10``.
+``--run`` does what a reader does who runs them (notebooks 01, 04 and 10 by
+default; ``scripts/browser_run.py``): Run → Run All Cells at the notebook's
+own scale, then checks every cell ran without an error and its figures
+show; in notebook 10 it types other settings into the explorer panel, clicks
+Train and checks the panel's results table follows, then starts a long
+training, clicks Kernel → Interrupt once the progress bar moves, and checks
+that the panel says what it kept, the kernel is idle and answers ``1 + 1``.
+It prints what it clicked and what it saw. The notebooks run in a temporary
+folder beside a copy of the run store (``--store``, default the notebooks'
+``runs/``: runs already there load instead of training) and the committed
+``results/``. ``--panel-picture`` (with ``--run`` of notebook 10) stores a
+screenshot of the panel, as notebook 10's own run left it, as the
+``panel.png`` attachment of its picture cell: the one change this script
+makes to the repository. ``--shots`` keeps screenshots.
 
 Needs the ``notebooks`` extra (JupyterLab, ipykernel, ipywidgets) and a
 Chromium (Debian: ``apt-get install chromium``; ``--chromium`` names another
-binary). The server listens on 127.0.0.1 only, without a token, for the few
-seconds of the check, and both processes are stopped at the end. Not part of
-the pytest suite (a browser start and one kernel per notebook: about a minute);
-``tests/integration/test_notebooks.py`` checks the metadata this relies on.
+binary). The server listens on 127.0.0.1 only, without a token, and both
+processes are stopped at the end. Not part of the pytest suite (a browser and
+one kernel per notebook: a minute to open and save all, a few more to run
+three); ``tests/integration/test_notebooks.py`` and
+``tests/integration/test_kernel_interrupt.py`` check what it relies on.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import difflib
 import json
 import os
@@ -44,7 +52,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from run_notebooks import NOTEBOOKS, ROOT, selected  # scripts/ is this script's first sys.path entry
+import browser_run  # scripts/ is this script's first sys.path entry
+from run_notebooks import NOTEBOOKS, ROOT, selected
 
 # run in the page: open one notebook, wait for its kernel and widgets, report, save
 OPEN_AND_SAVE = """
@@ -124,101 +133,81 @@ class Page:
         return r["result"].get("value")
 
 
-# run in the page: open a (trusted) notebook, wait until its panel widget has rendered with its figure
-RENDER_PANEL = """
-(async () => {
-  const app = window.jupyterapp;
-  app.shell.collapseLeft();  // the panel at the width of a notebook without the file browser beside it
-  const w = await app.commands.execute('docmanager:open', {path: %(path)s, factory: 'Notebook'});
-  await w.context.ready;
-  await w.sessionContext.ready;
-  const t0 = Date.now();
-  let panel = null;
-  while (Date.now() - t0 < %(timeout_ms)d) {
-    panel = w.node.querySelector('.jp-OutputArea-output .jupyter-widgets.widget-vbox');
-    const img = panel && panel.querySelector('img');
-    if (img && img.complete && img.naturalWidth > 0) break;
-    await new Promise(r => setTimeout(r, 250));
-  }
-  if (!panel) { return JSON.stringify({rendered: false}); }
-  // the picture shows the panel, not ipywidgets' mark of a widget without a kernel (the note beside it says so)
-  const style = document.createElement('style');
-  style.textContent = '.jupyter-widgets-disconnected::before { content: none !important; }';
-  document.head.appendChild(style);
-  const disconnected = panel.querySelectorAll('.jupyter-widgets-disconnected').length;
-  panel.scrollIntoView({block: 'start'});
-  await new Promise(r => setTimeout(r, 1000));
-  const box = panel.getBoundingClientRect();
-  return JSON.stringify({
-    rendered: true, disconnected,
-    buttons: Array.from(panel.querySelectorAll('button')).map(b => b.textContent.trim()),
-    controls: panel.querySelectorAll('input, select').length,
-    figure: Array.from(panel.querySelectorAll('img')).some(i => i.naturalWidth > 0),
-    status: (panel.querySelector('.widget-html-content') || {}).textContent || '',
-    box: {x: box.x, y: box.y, width: box.width, height: box.height},
-  });
-})()
-"""
 PICTURE = "panel.png"  # the attachment of notebook 10's picture cell
+RUN_BY_DEFAULT = ("01", "04", "10")
 
 
-def panel_picture(page, work: Path, env: dict, args) -> int:
-    """Render notebook 10's saved panel in a trusted copy; store its screenshot in notebook 10. 1 on failure."""
-    import base64
-
+def store_picture(png: bytes) -> None:
+    """``png`` as the ``panel.png`` attachment of notebook 10's picture cell."""
     import nbformat
 
-    name = "10_explore.ipynb"
-    trusted = work / "trusted"
-    trusted.mkdir()
-    shutil.copy2(NOTEBOOKS / name, trusted / name)
-    subprocess.run([sys.executable, "-m", "nbformat.sign", str(trusted / name)], env=env, check=True,
-                   capture_output=True)
-    page.call("Emulation.setDeviceMetricsOverride", width=1400, height=1600, deviceScaleFactor=1, mobile=False)
-    report = json.loads(page.evaluate(RENDER_PANEL % {"path": json.dumps(f"trusted/{name}"),
-                                                      "timeout_ms": int(1000 * args.timeout)}))
-    ok = report["rendered"] and "Train" in report["buttons"] and report["figure"] and report["controls"] >= 9
-    print(f"{name} (trusted copy): panel rendered from the saved widget state: {report.get('rendered')}, "
-          f"buttons {report.get('buttons')}, {report.get('controls')} controls, figure shown: {report.get('figure')}, "
-          f"{report.get('disconnected')} widgets marked as without a kernel (as expected before running), "
-          f"status: {report.get('status', '')[:100]!r}")
-    if not ok:
-        return 1
-    b = report["box"]
-    shot = page.call("Page.captureScreenshot", format="png", captureBeyondViewport=True,
-                     clip={"x": b["x"], "y": b["y"], "width": b["width"], "height": b["height"], "scale": 1})["data"]
-    if args.shots:
-        Path(args.shots).mkdir(parents=True, exist_ok=True)
-        (Path(args.shots) / "10_explore_panel.png").write_bytes(base64.b64decode(shot))
-    path = NOTEBOOKS / name
+    path = NOTEBOOKS / "10_explore.ipynb"
     nb = nbformat.read(path, as_version=4)
     (cell,) = [c for c in nb.cells if c.cell_type == "markdown" and f"attachment:{PICTURE}" in c.source]
-    cell["attachments"] = {PICTURE: {"image/png": shot}}
+    cell["attachments"] = {PICTURE: {"image/png": base64.b64encode(png).decode()}}
     nbformat.write(nb, path)
-    print(f"stored the panel's picture ({len(base64.b64decode(shot)) // 1024} KiB) in {path.relative_to(ROOT)}")
-    return 0
+    print(f"stored the panel's picture ({len(png) // 1024} KiB) in {path.relative_to(ROOT)}")
+
+
+def figures_in(path: Path) -> int:
+    """Figure outputs (image/png) of the committed notebook at ``path``."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    return sum("image/png" in o.get("data", {}) for c in nb["cells"] for o in c.get("outputs", []))
+
+
+def run_and_use(page, paths, args) -> int:
+    """``--run``: Run All in each notebook, the explorer in notebook 10 (scripts/browser_run.py); failures."""
+    shots = Path(args.shots) if args.shots else None
+    page.call("Emulation.setDeviceMetricsOverride", width=1400, height=1600, deviceScaleFactor=1, mobile=False)
+    failures = 0
+    for q in paths:
+        ok, report = browser_run.run_notebook(page, q.name, figures_in(q), args.run_timeout, shots,
+                                              saved=args.work / q.name, committed=q)
+        if not q.name.startswith("10_"):  # notebook 10's saved file also holds its live panel's widget view
+            ok = ok and report.get("changed_on_save") == 0
+        if q.name.startswith("10_"):
+            if args.panel_picture and ok:
+                store_picture(browser_run.panel_screenshot(page))
+            ok = browser_run.use_explorer(page, args.run_timeout, shots) and ok
+        print(f"{q.name}: {'PASSED' if ok else 'FAILED'}")
+        failures += not ok
+        page.evaluate("(async () => { const w = window.__nb; await w.sessionContext.shutdown(); "
+                      "w.context.model.dirty = false; w.dispose(); })()")
+    return failures
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("only", nargs="*", help="notebook number prefixes (default: all)")
     p.add_argument("--chromium", default=shutil.which("chromium") or shutil.which("chromium-browser") or "chromium")
-    p.add_argument("--shots", help="a folder for one screenshot per notebook")
+    p.add_argument("--shots", help="a folder for screenshots (one per notebook; --run: a few more)")
+    p.add_argument("--run", action="store_true",
+                   help=f"run the notebooks (default {', '.join(RUN_BY_DEFAULT)}) and use notebook 10's explorer "
+                        "instead of opening and saving them")
+    p.add_argument("--store", default=str(ROOT / "runs"),
+                   help="with --run: the run store the notebooks' STORE = '../runs' reads (copied; default runs/)")
+    p.add_argument("--run-timeout", type=float, default=1800.0, help="with --run: seconds for each Run All")
     p.add_argument("--panel-picture", action="store_true",
-                   help="check that notebook 10's panel renders from its saved state when trusted, and store its "
-                        "screenshot in notebook 10 (the only change this script makes to the repository)")
+                   help="with --run of notebook 10: store a screenshot of its panel in notebook 10 (the only change "
+                        "this script makes to the repository)")
     p.add_argument("--settle", type=float, default=4.0, help="seconds to wait after the kernel is up, before saving")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds for the server, the browser and each step")
     args = p.parse_args(argv)
-    paths = selected(args.only)
+    if args.panel_picture and not (args.run and (not args.only or any("10".startswith(o) for o in args.only))):
+        p.error("--panel-picture needs --run of notebook 10")
+    paths = selected(args.only or (RUN_BY_DEFAULT if args.run else ()))
     if not paths:
         print(f"no notebook matches {args.only}", file=sys.stderr)
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="nb-browser-"))
-    work = tmp / "notebooks"
+    work = args.work = tmp / "notebooks"
     work.mkdir()
     for q in paths:
         shutil.copy2(q, work / q.name)
+    if args.run:  # the notebooks' ../runs and ../results
+        if Path(args.store).is_dir():
+            shutil.copytree(args.store, tmp / "runs", symlinks=True)
+        (tmp / "results").symlink_to(ROOT / "results")
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTER_DATA_DIR=str(tmp / "data"), JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
                JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"))
     news = tmp / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
@@ -253,6 +242,9 @@ def main(argv=None) -> int:
                 raise TimeoutError("JupyterLab did not start in the browser")
             time.sleep(0.5)
         page.evaluate("window.jupyterapp.started")
+        if args.run:
+            failures += run_and_use(page, paths, args)
+            paths = []
         for q in paths:
             t1 = time.perf_counter()
             report = json.loads(page.evaluate(OPEN_AND_SAVE % {"path": json.dumps(q.name),
@@ -260,8 +252,6 @@ def main(argv=None) -> int:
             if args.shots:
                 Path(args.shots).mkdir(parents=True, exist_ok=True)
                 shot = page.call("Page.captureScreenshot", format="png")["data"]
-                import base64
-
                 (Path(args.shots) / f"{q.stem}.png").write_bytes(base64.b64decode(shot))
             page.evaluate("window.jupyterapp.commands.execute('application:close-all')")
             before, after = q.read_text(encoding="utf-8"), (work / q.name).read_text(encoding="utf-8")
@@ -279,8 +269,6 @@ def main(argv=None) -> int:
                 diff = difflib.unified_diff(before.splitlines(), after.splitlines(), "committed", "saved", lineterm="",
                                             n=2)
                 print("\n".join(line[:200] for line in list(diff)[:60]))
-        if args.panel_picture:
-            failures += panel_picture(page, work, env, args)
     except Exception:
         for log in ("lab.log", "chrome.log"):
             if (tmp / log).exists():

@@ -48,7 +48,6 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from mx_proxy.experiments import branch as _branch
 from mx_proxy.experiments import campaign, executors
@@ -58,6 +57,7 @@ from mx_proxy.experiments.ensemble_spec import (CONTROL, HISTORY, HISTORY_FILE, 
 from mx_proxy.numerics import recipe_json
 from mx_proxy.numerics.recipe import MITIGATIONS
 from mx_proxy.runner import interventions, loop as runner
+from mx_proxy.runner.interrupt import interruptible
 from mx_proxy.store import checkpoint as ckpt
 from mx_proxy.store import durable
 from mx_proxy.store import run_store as _store
@@ -163,17 +163,19 @@ def train_unit(out, arm: str, members=None, *, progress: bool = True, bar=None) 
             group = [_member(spec, arm, i, st, keys[i], branch, at) for i in todo]
         _memory.check(group[0].config, members=len(group))
         own_bar = bar is None
-        bar = bar or tqdm(total=len(todo) * spec.horizon, disable=not progress, unit="member-step",
-                          desc=f"{spec.name}: {arm} ×{len(todo)}", leave=False)
+        bar = bar or runner.tqdm(total=len(todo) * spec.horizon, disable=not progress, unit="member-step",
+                                 desc=f"{spec.name}: {arm} ×{len(todo)}")
         bar.update(sum(m.start - spec.start for m in group))
-        try:
-            runs = runner.run_members(group, group[0].start, bar=bar)
-        finally:
-            if own_bar:
-                bar.close()
-        for i, r in zip(todo, runs):
-            runner.notify(r.config)
-            done[i] = st.save(r, keys[i])
+        with interruptible() as interruption:  # Ctrl-C: checkpointed at the end of the segment, then Interrupted
+            try:
+                runs = runner.run_members(group, group[0].start, bar=bar)
+            finally:
+                if own_bar:
+                    bar.close()
+            for i, r in zip(todo, runs):
+                runner.notify(r.config)
+                done[i] = st.save(r, keys[i])
+                interruption.finish(done[i])
     export(spec, arm, {i: done[i] for i in members}, out / "results")
     return {i: done[i] for i in members}
 

@@ -27,11 +27,13 @@ import json
 import multiprocessing as mp
 import os
 import queue as _queue
+import signal
 import time
 import traceback
 
 from tqdm.auto import tqdm
 
+from mx_proxy.runner import interrupt
 from mx_proxy.runner import loop as runner
 from mx_proxy.store import run_store as _store
 from mx_proxy.training.config import Config
@@ -119,6 +121,9 @@ class _Bar:
     def update(self, n=1):
         self.out.put(("steps", self.uid, int(n), time.time()))
 
+    def close(self):
+        pass
+
     def __enter__(self):
         return self
 
@@ -127,15 +132,23 @@ class _Bar:
 
 
 def _worker(tasks, out, store):
+    # Ctrl-C / Kernel → Interrupt reach the whole process group: the parent alone decides, and asks a worker to
+    # stop with SIGUSR1 (the host loop then checkpoints at the end of its segment and raises Stopped)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, lambda signum, frame: runner.stop.set())
     try:
         while True:
             item = tasks.get()
-            if item is None:
+            if item is None or runner.stop.is_set():
                 return
             uid, fn, args = item
             out.put(("start", uid, 0, time.time()))
             runner.tqdm = lambda *a, **k: _Bar(out, uid)  # the host loop reports every segment through its bar
-            fn(*args, store=store, progress=True)
+            try:
+                fn(*args, store=store, progress=True)
+            except runner.Stopped as e:
+                out.put(("stopped", uid, e.step, time.time()))
+                return
             out.put(("done", uid, 0, time.time()))
     except KeyboardInterrupt:
         return
@@ -200,40 +213,60 @@ def train_all(units: list, store, *, jobs: int, progress: bool = True, log=print
     bar = tqdm(total=total, disable=not progress, unit="step", desc="training",
                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} steps [{elapsed}{postfix}]")
     bar.set_postfix_str("ETA: measuring")
-    try:
-        while len(finished) < len(units):
-            try:
-                kind, uid, n, t = out.get(timeout=1.0)
-            except _queue.Empty:
-                kind = None
-                if not any(p.is_alive() for p in procs):
-                    raise RuntimeError("mx-proxy figures: every training process exited before the runs were done")
-            if kind == "error":
-                raise RuntimeError(f"a training process failed:\n{n}")
-            if kind == "start":
-                started[uid] = t
-                if on_start is not None:
-                    on_start(units[uid], None)
-            elif kind == "steps":
-                if uid in last:  # a segment timed on its own: the rate, in paired-weighted steps per second
-                    rates.append(n * per_step[uid] / max(t - last[uid], 1e-6))
-                else:
-                    first[uid] = (t - started[uid], n)
-                last[uid] = t
-                done_steps[uid] += n
-                bar.update(n)
-            elif kind == "done":
-                finished.add(uid)
-                if on_done is not None:
-                    on_done(units[uid], None)
-            bar.set_postfix_str(_status(units, jobs, started, first, done_steps, finished, rates, per_step))
-    except KeyboardInterrupt:
-        for p in procs:
-            p.terminate()
-        raise
-    finally:
-        bar.close()
-        for p in procs:
-            p.join(timeout=10)
+    stopped: dict[int, int] = {}  # unit -> the step its worker stopped at
+    asked = False
+    with interrupt.interruptible() as interruption:
+        try:
+            while len(finished) + len(stopped) < len(units):
+                if interruption.requested.is_set() and not asked:
+                    asked = True  # once: ask every worker to stop at the end of its segment
+                    for p in procs:
+                        if p.is_alive():
+                            os.kill(p.pid, signal.SIGUSR1)
+                try:
+                    kind, uid, n, t = out.get(timeout=0.2 if asked else 1.0)
+                except _queue.Empty:
+                    kind = None
+                    if not any(p.is_alive() for p in procs):
+                        if asked:
+                            break
+                        raise RuntimeError("mx-proxy figures: every training process exited before the runs were "
+                                           "done")
+                if kind == "error":
+                    raise RuntimeError(f"a training process failed:\n{n}")
+                if kind == "start":
+                    started[uid] = t
+                    if on_start is not None:
+                        on_start(units[uid], None)
+                elif kind == "steps":
+                    if uid in last:  # a segment timed on its own: the rate, in paired-weighted steps per second
+                        rates.append(n * per_step[uid] / max(t - last[uid], 1e-6))
+                    else:
+                        first[uid] = (t - started[uid], n)
+                    last[uid] = t
+                    done_steps[uid] += n
+                    bar.update(n)
+                elif kind == "done":
+                    finished.add(uid)
+                    if on_done is not None:
+                        on_done(units[uid], None)
+                elif kind == "stopped":
+                    stopped[uid] = n
+                bar.set_postfix_str(_status(units, jobs, started, first, done_steps, finished, rates, per_step))
+        except KeyboardInterrupt:  # a second interrupt: at once
+            for p in procs:
+                p.terminate()
+            raise
+        finally:
+            bar.close()
+            for p in procs:
+                p.join(timeout=10)
+        if asked:
+            steps_at = ", ".join(map(str, sorted(set(stopped.values())))) or "-"
+            left = len(units) - len(finished) - len(stopped)
+            raise interrupt.Interrupted(
+                f"{len(finished)} of {len(units)} training units finished and are kept in {store}; {len(stopped)} "
+                f"stopped at the end of a segment (step {steps_at}), checkpointed there (a rerun resumes)"
+                + (f"; {left} not started" if left else ""))
     return time.time() - t0
 

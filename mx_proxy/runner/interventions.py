@@ -9,11 +9,12 @@ from typing import Iterable
 import jax
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 from mx_proxy.numerics import recipe as _recipes
 from mx_proxy.numerics import recipe_json
 from mx_proxy.runner import loop as runner
+from mx_proxy.runner import progress as _progress
+from mx_proxy.runner.interrupt import interruptible
 from mx_proxy.store import checkpoint as ckpt
 from mx_proxy.store import run_store as _store
 from mx_proxy.training import memory as _memory
@@ -109,8 +110,8 @@ def with_checkpoint(run: Run | str | Path, step: int, *, paired_run: bool | None
             state = state._replace(ref_params=fresh.ref_params, ref_opt=fresh.ref_opt)
     member = runner.Member(cfg, state, teacher, ckpt.CheckpointSink(memory={}), start, [],
                            {"key": f"replay of {parent.info.get('key', pc.hash())}"})
-    with tqdm(total=step, initial=start, disable=not progress, desc=f"replay {pc.recipe.name}", unit="step",
-              leave=False) as bar:
+    with interruptible(), runner.tqdm(total=step, initial=start, disable=not progress,
+                                      desc=f"replay {pc.recipe.name}", unit="step") as bar:
         (replay,) = runner.run_members([member], start, bar=bar)
     if step not in replay.checkpoints:
         raise ValueError(f"the replay of {parent.info.get('label', pc.recipe.name)} from step {start} diverged at "
@@ -291,6 +292,8 @@ def intervene(run: Run | str | Path, at_step: int, recipe: str | _recipes.Recipe
         if not force:
             found = st.load(key)
             if found is not None:
+                _progress.report(None, f"{new_recipe.name} from step {at_step}", [found], progress=progress,
+                                 start=at_step)
                 return found
         st.prepare(key, fresh=True)
 
@@ -304,8 +307,12 @@ def intervene(run: Run | str | Path, at_step: int, recipe: str | _recipes.Recipe
         info["intervention"]["replay"] = parent.info["replay"]
     csink = ckpt.CheckpointSink(st.checkpoint_dir(key)) if st is not None else ckpt.CheckpointSink(memory={})
     member = runner.Member(child, state, teacher, csink, at_step, [history] if len(history) else [], info)
-    with tqdm(total=child.steps, initial=at_step, disable=not progress, desc=new_recipe.name, unit="step",
-              leave=False) as bar:
-        (out,) = runner.run_members([member], at_step, bar=bar)
-    runner.notify(child)
-    return st.save(out, key) if st is not None else out
+    with interruptible() as interruption:
+        with runner.tqdm(total=child.steps, initial=at_step, disable=not progress, desc=new_recipe.name,
+                         unit="step") as bar:
+            (out,) = runner.run_members([member], at_step, bar=bar)
+        runner.notify(child)
+        out = st.save(out, key) if st is not None else out
+        interruption.finish(out)
+        _progress.report(bar, f"{new_recipe.name} from step {at_step}", [out], progress=progress, start=at_step)
+    return out

@@ -28,8 +28,6 @@ program, and reproduces that run bit for bit.
 from __future__ import annotations
 
 import dataclasses
-import math
-import threading
 import time
 import warnings
 from typing import Callable
@@ -37,9 +35,10 @@ from typing import Callable
 import jax
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
-from mx_proxy.runner import programs, progress
+from mx_proxy.runner import interrupt, programs
+from mx_proxy.runner import progress as _progress
+from mx_proxy.runner.interrupt import Stopped, interruptible, stop  # noqa: F401 (stop: part of this API)
 from mx_proxy.store import checkpoint as ckpt
 from mx_proxy.store import run_store as _store
 from mx_proxy.training import memory as _memory
@@ -50,24 +49,12 @@ from mx_proxy.training.result import Run, metrics_frame, segment_length
 from mx_proxy.training.sweeps import Sweep, members
 from mx_proxy.training.values import ArgumentTypeError, check_flags
 
+tqdm = _progress.bar  # the host loop's bar factory (a training worker of mx_proxy.experiments.parallel replaces it)
+
 __all__ = ["train", "sweep", "load", "run_members", "init_state", "Member", "hooks", "notify", "stop", "Stopped"]
 
 # Called with the Config of every run or sweep member actually trained (not loaded from a store).
 hooks: list[Callable[[Config], None]] = []
-
-stop = threading.Event()
-"""Set it (a scheduler's signal handler does, :mod:`mx_proxy.experiments.executors.job`) to stop every
-training loop of this process at the end of its current segment: each unfinished member is checkpointed at
-the step reached, then :class:`Stopped` is raised. A rerun resumes from that checkpoint, bit for bit."""
-
-
-class Stopped(Exception):
-    """Training stopped because :data:`stop` was set; ``step``: where every member was checkpointed."""
-
-    def __init__(self, step: int):
-        super().__init__(f"stopped at step {step} on request; every unfinished member was checkpointed there")
-        self.step = step
-
 
 @dataclasses.dataclass
 class Member:
@@ -95,21 +82,6 @@ def init_state(config: Config):
 
 
 # --------------------------------------------------------------------------- the host loop
-
-
-def _stack(trees):
-    return jax.tree.map(lambda *a: np.stack([np.asarray(x) for x in a]), *trees)
-
-
-def _shardings(n_members: int, shard: bool):
-    devices = jax.devices()
-    if not shard or len(devices) < 2:
-        return None, n_members
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-    mesh = Mesh(np.array(devices), ("members",))
-    padded = math.ceil(n_members / len(devices)) * len(devices)
-    return (NamedSharding(mesh, PartitionSpec("members")), NamedSharding(mesh, PartitionSpec())), padded
 
 
 def _finish(member: Member, state: TrainState, frames, wall: float) -> Run:
@@ -146,7 +118,7 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
     M = len(group)
     key = static_key(c0)
     dyns = [dynamic_for(m.config) for m in group]
-    sh, padded = _shardings(M, shard and M > 1)
+    sh, padded = programs.shardings(M, shard and M > 1)
     if twins:  # members differing only in recipe, one reference run: see mx_proxy.training.twins
         state, dyn, teacher = _twins.twin_state([m.state for m in group]), dyns[0], group[0].teacher
         seg2, val2 = programs.twins(tuple(static_key(m.config) for m in group))
@@ -183,7 +155,7 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
         pad = list(range(M)) + [M - 1] * (padded - M)
 
         def member_axis(trees):
-            return _stack([trees[i] for i in pad])
+            return programs.stack([trees[i] for i in pad])
 
         state = member_axis([m.state for m in group])
         dyn = Dynamic(*(member_axis([getattr(d, f) for d in dyns]) if batched[f] else getattr(dyns[0], f)
@@ -228,8 +200,14 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
         if bar is not None:
             bar.update(n * len(active))
             if first:
-                progress.restart_clock(bar)
-        halt = stop.is_set() and t < c0.steps
+                _progress.restart_clock(bar)
+        diverged = np.asarray(state.diverged).reshape(-1)
+        for i in active:
+            stopped[i] = bool(diverged[i])
+        if on_segment is not None:
+            on_segment(t, [Run(g.config, pd.concat(f, ignore_index=True), None, info=dict(g.info))
+                           for g, f in zip(group, frames)])
+        halt = interrupt.requested() and t < c0.steps and not all(stopped)  # asked during the segment or on_segment
         if t in ckpt_steps or halt:
             host = jax.device_get(state)
             spent = (time.perf_counter() - t0) / M
@@ -239,13 +217,9 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
                                  wall_time_s=group[i].wall_before + spent,
                                  **({"stopped": True} if t not in ckpt_steps else {})))
         if halt:
-            raise Stopped(t)
-        diverged = np.asarray(state.diverged).reshape(-1)
-        for i in active:
-            stopped[i] = bool(diverged[i])
-        if on_segment is not None:
-            on_segment(t, [Run(g.config, pd.concat(f, ignore_index=True), None, info=dict(g.info))
-                           for g, f in zip(group, frames)])
+            raise Stopped(t, [Run(group[i].config, pd.concat(frames[i], ignore_index=True), None,
+                                  info=dict(group[i].info)) for i in active],
+                          [group[i].sink.directory for i in active])
     host = jax.device_get(state)
     wall = (time.perf_counter() - t0) / M
     return [_finish(g, unstack(host, i), frames[i], wall) for i, g in enumerate(group)]
@@ -313,7 +287,9 @@ def train(config: Config, *, store=None, force: bool = False, progress: bool = T
     default: memory only, nothing written). With a store, a config already
     stored there is loaded instead of trained (``force=True`` retrains), and
     a run interrupted after a checkpoint resumes from it. ``on_segment``: see
-    :func:`run_members`.
+    :func:`run_members`. Ctrl-C (Kernel → Interrupt) stops it at the end of the
+    segment, checkpointed in the store, and raises
+    :class:`mx_proxy.runner.interrupt.Interrupted` saying so in one line.
     """
     _check_config(config)
     check_flags(on_segment, force=force, progress=progress)
@@ -325,14 +301,19 @@ def train(config: Config, *, store=None, force: bool = False, progress: bool = T
         if not force:
             run = st.load(key)
             if run is not None:
+                _progress.report(None, config.recipe.name, [run], progress=progress)
                 return run
     _memory.check(config, checkpoints_in_memory=st is None)
-    member = _prepare_member(config, st, key, force)
-    with tqdm(total=config.steps, initial=member.start, disable=not progress, desc=config.recipe.name, unit="step",
-              leave=False) as bar:
-        (run,) = run_members([member], member.start, bar=bar, on_segment=on_segment)
-    notify(config)
-    return st.save(run, key) if st is not None else run
+    with interruptible() as state:
+        member = _prepare_member(config, st, key, force)
+        with tqdm(total=config.steps, initial=member.start, disable=not progress, desc=config.recipe.name,
+                  unit="step") as bar:
+            (run,) = run_members([member], member.start, bar=bar, on_segment=on_segment)
+        notify(config)
+        run = st.save(run, key) if st is not None else run
+        state.finish(run)
+        _progress.report(bar, config.recipe.name, [run], progress=progress)
+    return run
 
 
 def load(path) -> Run:
@@ -360,7 +341,9 @@ def sweep(config: Config, *, store=None, force: bool = False, progress: bool = T
     edited or stale member alone is retrained) and each finished group is
     saved before the next starts. ``shard``: split the member axis over all
     JAX devices when there are several. ``group_size`` caps members per
-    compiled call (memory).
+    compiled call (memory). Ctrl-C (Kernel → Interrupt) stops at the end of the
+    segment: finished groups are kept (stored), the group training is
+    checkpointed, and :class:`mx_proxy.runner.interrupt.Interrupted` says so in one line.
 
     Raises:
       ValueError: an unknown axis (naming the valid fields), an axis with no
@@ -401,9 +384,11 @@ def sweep(config: Config, *, store=None, force: bool = False, progress: bool = T
     for ks, _ in chunks:
         _memory.check(todo[ks[0]], members=len(ks), checkpoints_in_memory=st is None)
     total = sum(c.steps for c in todo.values())
-    with tqdm(total=total, disable=not progress or not total, desc=f"sweep ({len(todo)} to train)", unit="step",
-              leave=False) as bar:
+    with interruptible() as state, tqdm(total=total, disable=not progress or not total,
+                                        desc=f"sweep ({len(todo)} to train)", unit="step") as bar:
         for ks, twins in chunks:
+            if state.requested.is_set():  # interrupted between groups: the finished ones are kept
+                break
             group = [_prepare_member(todo[k], st, k, force) for k in ks]
             if len({m.start for m in group}) > 1:  # resumed from different checkpoints: from the earliest
                 at = min(m.start for m in group)
@@ -417,8 +402,12 @@ def sweep(config: Config, *, store=None, force: bool = False, progress: bool = T
                     run.info["shared_reference"] = len(ks)
                 try:
                     results[k] = st.save(run, k) if st is not None else run
+                    state.finish(results[k])
                 except _store.SaveError as e:  # save the group's other members all the same
                     failed.append(e)
             if failed:
                 raise _store.SaveError("; ".join(str(e) for e in failed), failed[0].run, failed[0].kept)
+        if not state.requested.is_set():
+            _progress.report(bar, f"sweep of {len(set(keys))} runs", [results[k] for k in dict.fromkeys(keys)],
+                             progress=progress)
     return Sweep(config, axes, configs, [results[k] for k in keys])

@@ -14,16 +14,18 @@ cache the wrappers per key:
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable
 
 import jax
+import numpy as np
 
 from mx_proxy.store.executables import CachedProgram
 from mx_proxy.training import twins as _twins
 from mx_proxy.training.config import Config
 from mx_proxy.training.engine import Dynamic, compiler_options, program_for
 
-__all__ = ["init", "single", "twins", "members"]
+__all__ = ["init", "single", "twins", "members", "stack", "shardings"]
 
 
 def _program(name: str, fn: Callable, key, static_argnames=()) -> CachedProgram:
@@ -94,3 +96,20 @@ def members(key: Config, dyn_axes: tuple, teacher_axis):
 
     group = (key, dyn_axes, teacher_axis)
     return (_program("members_segment", segment, group, ("size",)), _program("members_val_loss", val_loss, group))
+
+
+def stack(trees):
+    """The host arrays of ``trees`` stacked along a new leading (member) axis."""
+    return jax.tree.map(lambda *a: np.stack([np.asarray(x) for x in a]), *trees)
+
+
+def shardings(n_members: int, shard: bool):
+    """((member-axis sharding, replicated sharding) or None, members padded to a multiple of the devices)."""
+    devices = jax.devices()
+    if not shard or len(devices) < 2:
+        return None, n_members
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(devices), ("members",))
+    padded = math.ceil(n_members / len(devices)) * len(devices)
+    return (NamedSharding(mesh, PartitionSpec("members")), NamedSharding(mesh, PartitionSpec())), padded

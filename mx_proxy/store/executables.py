@@ -123,6 +123,11 @@ class CachedProgram:
         self._memory[sig] = (compiled, None)
         return out
 
+    @property
+    def ready(self) -> bool:
+        """Whether this process holds an executable of it (a call need not compile or load one)."""
+        return bool(self._memory)
+
     def release(self) -> None:
         """Drop this program's executables (the next call compiles or loads them again).
         JAX keeps the executables it compiled for a jitted function too (its

@@ -6,28 +6,40 @@ In a notebook cell::
     panel = mxp.explore(store="runs", width=64, steps=1000)   # any Config field as a default
     panel                                                        # shows the panel; press Train
 
-or headless, the same as pressing Train::
+or headless, the same as pressing Train but in this thread::
 
     panel.controls["recipes"].value = ("mxfp8_e4m3", "mxfp6_e2m3")
     panel.controls["norm"].value = "rmsnorm"
     runs = panel.train()          # [fp32, mxfp8_e4m3, mxfp6_e2m3] Runs; also panel.runs
     panel.snapshot()              # the live figure as a static PNG (for a saved notebook)
-    panel.table()                 # one row per run of the latest training (pressing Train updates it)
+    panel.table()                 # one row per run of the latest training (the panel shows it too)
     panel.conclusions()           # the same as Markdown sentences
 
 The controls are the recipes (several may be chosen; FP32 is always trained
 first, with the same seeds and therefore the same initial weights, batches
 and batch order), activation, normalization, width, depth, learning rate,
 steps, seed and diagnostics period; everything else comes from the base
-config (the quick scale's, changed by the keyword defaults). While a run
-trains, the figure (training loss, ‖ζ‖ bound, cosine between the MX and the
-FP32 gradient at the same weights, fraction of LN gains the MX scale clamps)
-and a progress bar update after every segment of the host loop (every
-``val_every`` steps). Results land in ``store`` when one is given (a config
-already there is loaded, not retrained) and are kept in ``panel.runs``;
-:meth:`Explorer.table` and :meth:`Explorer.conclusions` read ``panel.runs``
-when they are called, so a results cell rerun after pressing Train shows the
-latest training.
+config (the quick scale's, changed by the keyword defaults). A number that
+is not valid (width −5, steps 0, width "wide") is not clamped to one that
+is: Train refuses it with a message naming the field and its valid range
+(:mod:`mx_proxy.viz.explore_controls`).
+
+The Train button trains in a thread of its own, so the kernel stays free:
+the Stop button (or Kernel → Interrupt while no cell runs) stops the
+training at the end of the current segment, keeps the runs that finished
+and checkpoints the one training (in the store; Train again resumes it),
+and the status line says what was kept. :meth:`Explorer.train`, called from
+a cell, trains in the cell's thread; Kernel → Interrupt stops it the same
+way and raises :class:`mx_proxy.runner.interrupt.Interrupted` (one line,
+no traceback). While a program of a new shape compiles the status line says
+so, with the seconds the last new shape took (measured, kept beside the
+compilation cache); then the progress bar runs. The figure (training loss,
+‖ζ‖ bound, cosine between the MX and the FP32 gradient at the same weights,
+fraction of LN gains the MX scale clamps) updates after every segment of the
+host loop (every ``val_every`` steps), and the results under it (the table
+of :meth:`Explorer.table` and the sentences of :meth:`Explorer.conclusions`)
+after every run. Results land in ``store`` when one is given (a config
+already there is loaded, not retrained) and are kept in ``panel.runs``.
 
 Training goes through :func:`train_live`, the one place this module meets
 the runner.
@@ -35,56 +47,32 @@ the runner.
 
 from __future__ import annotations
 
+import base64
+import contextvars
 import io
-import math
-import os
+import threading
 import time
-from typing import Callable, Iterable
+from typing import Iterable
 
 import pandas as pd
 from matplotlib.figure import Figure
 
 from mx_proxy.experiments import scales
-from mx_proxy.nn.layers import ACTIVATIONS
-from mx_proxy.nn.resmlp import NORMS
 from mx_proxy.numerics.recipe import PRESETS, Recipe
-from mx_proxy.runner.loop import train as _train
+from mx_proxy.runner import interrupt, programs
+from mx_proxy.store import executables
 from mx_proxy.training.config import Config
+from mx_proxy.training.engine import static_key
 from mx_proxy.training.result import Run
-from mx_proxy.viz import plots
+from mx_proxy.viz import explore_results as _results
+from mx_proxy.viz.explore_training import interrupt_on_sigint, train_live
+from mx_proxy.viz.explore_controls import CONTROLS, CompileTimes, make_controls, read_controls, val_every
+from mx_proxy.viz.explore_results import PANELS, REFERENCE, TABLE_COLUMNS, draw_panel  # noqa: F401 (TABLE_COLUMNS: API)
 
 __all__ = ["explore", "Explorer", "train_live", "base_config", "PANELS", "CONTROLS"]
 
-# (metrics column, axis label, y scale): the figure's panels, in order
-PANELS = (("loss", "training loss", "log"), ("zeta_bound", "‖ζ‖ bound (vs FP32 at the same weights)", "linear"),
-          ("cosine", "cosine(g_MX, g_FP32)", "linear"), ("ln_clamp_frac", "LN gains clamped (fraction)", "linear"))
-# the columns of Explorer.table, after the recipe (its index)
-TABLE_COLUMNS = ("final_loss", "vs_fp32", "zeta_median", "cosine_min", "ln_clamp_max", "diverged_at")
 # what the panel shows where its widget cannot render (a saved notebook on a viewer without widgets)
-TEXT_REPR = "mxp.explore() panel (a widget: run the notebook's cells in Jupyter to use it)"
-# the panel's controls, each a Config field except "recipes"
-CONTROLS = ("recipes", "act", "norm", "width", "depth", "lr", "steps", "seed", "diagnostics_every")
-REFERENCE = "fp32"
-
-
-def train_live(config: Config, store, on_update: Callable[[int, Run], None]) -> Run:
-    """Train (or load from ``store``) one run, calling ``on_update(step,
-    run_so_far)`` after every host-loop segment with the step reached and a
-    :class:`Run` holding the metrics so far, and once more at the end with
-    ``config.steps`` and the finished run (also when it was loaded from the
-    store or diverged early). The one adapter between the explorer and the
-    runner.
-
-    Needs of the runner: ``train(config, store=..., progress=False,
-    on_segment=f)`` calling ``f(step, runs)`` after each segment, ``runs`` a
-    list with one :class:`Run` (metrics so far) per member.
-    """
-    def segment(step: int, runs: list[Run]) -> None:
-        on_update(step, runs[0])
-
-    run = _train(config, store=store, progress=False, on_segment=segment)
-    on_update(config.steps, run)
-    return run
+TEXT_REPR = "mxp.explore() panel (a live widget: it shows while the notebook's kernel runs)"
 
 
 def base_config(**defaults) -> Config:
@@ -97,39 +85,6 @@ def base_config(**defaults) -> Config:
     return scales.get("quick").config.replace(**defaults)
 
 
-def _recipe_defaults(recipe) -> tuple[tuple[str, ...], dict[str, Recipe]]:
-    """(selected names, extra recipes) for a ``recipe`` default: a preset
-    name, a :class:`Recipe`, or a sequence of them; FP32 is never selected
-    (it always trains)."""
-    items = [recipe] if isinstance(recipe, (str, Recipe)) else list(recipe)
-    names, extra = [], {}
-    for item in items:
-        if isinstance(item, Recipe):
-            if item.name in PRESETS and PRESETS[item.name] != item:
-                raise ValueError(f"recipe {item.name!r} differs from the preset of that name; give it another name "
-                                 f"(recipe.replace(name=...))")
-            if item.name not in PRESETS:
-                extra[item.name] = item
-            name = item.name
-        elif isinstance(item, str):
-            if item not in PRESETS:
-                raise ValueError(f"unknown recipe {item!r}; valid: {', '.join(PRESETS)}")
-            name = item
-        else:
-            raise ValueError(f"recipe must be a preset name, a mxp.Recipe or a sequence of them, got {item!r}")
-        if name != REFERENCE and name not in names:
-            names.append(name)
-    return tuple(names), extra
-
-
-def _val_every(val_every: int, period: int) -> int:
-    """The smallest multiple of the diagnostics ``period`` at least ``val_every``
-    (a Config needs val_every to be a multiple of it); unchanged for period 0."""
-    if not period or not val_every:
-        return val_every
-    return period * math.ceil(val_every / period)
-
-
 def _widgets():
     try:
         import ipywidgets
@@ -139,34 +94,8 @@ def _widgets():
     return ipywidgets
 
 
-def _in_kernel() -> bool:
-    """True inside a Jupyter kernel (where widgets and displays render)."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None
-
-
-def _controls(w, base: Config, recipes: list[str], chosen: tuple[str, ...]) -> dict:
-    """The :data:`CONTROLS` widgets, starting at ``base``'s values and the ``chosen`` recipes."""
-    wide = {"description_width": "initial"}
-
-    def integer(name, lo, hi, label):
-        return w.BoundedIntText(value=getattr(base, name), min=lo, max=hi, description=label, style=wide)
-
-    return {
-        "recipes": w.SelectMultiple(options=recipes, value=chosen, rows=6, description="MX recipes", style=wide),
-        "act": w.Dropdown(options=ACTIVATIONS, value=base.act, description="activation", style=wide),
-        "norm": w.Dropdown(options=NORMS, value=base.norm, description="norm", style=wide),
-        "width": integer("width", 1, 1 << 16, "width"),
-        "depth": integer("depth", 1, 256, "depth"),
-        "lr": w.FloatText(value=base.lr, description="LR", style=wide),
-        "steps": integer("steps", 1, 10 ** 8, "steps"),
-        "seed": integer("seed", 0, 2 ** 32 - 1, "seed"),
-        "diagnostics_every": integer("diagnostics_every", 0, 10 ** 6, "diagnostics every"),
-    }
+def _error(text: str) -> str:
+    return f"<span style='color:#b00'>{text}</span>"
 
 
 class Explorer:
@@ -176,46 +105,61 @@ class Explorer:
 
     Attributes:
       controls: ``{name: widget}`` for :data:`CONTROLS`.
-      button, progress, status, output: the Train button, the progress bar
-        (steps of all runs of one training), an HTML status line and the
-        Output the live figure is shown in.
+      button, stop_button, progress, status, output, results: the Train and
+        Stop buttons, the progress bar (steps of all runs of one training),
+        an HTML status line, the Output the live figure is shown in and the
+        HTML results under it (table and sentences of the latest training).
       figure: the live ``matplotlib.figure.Figure`` (one panel per :data:`PANELS`).
-      runs: the :class:`Run` s of the last training, FP32 first.
+      runs: the :class:`Run` s of the last training, FP32 first (those that
+        finished, after a stop).
       updates: ``(recipe name, step)`` of every live update of the last training.
       store: where runs land (``None``: memory only).
+      compile_times: the :class:`~mx_proxy.viz.explore_controls.CompileTimes` the compiling note reads.
     """
 
     def __init__(self, store=None, base: Config | None = None, *, recipes: Iterable[str] = ("mxfp8_e4m3",),
-                 extra_recipes: dict[str, Recipe] | None = None, redraw_every_s: float = 0.5):
+                 extra_recipes: dict[str, Recipe] | None = None, redraw_every_s: float = 0.5,
+                 compile_times: CompileTimes | None = None):
         w = _widgets()
         self.store = store
         self.base = base if base is not None else base_config()
         self.redraw_every_s = redraw_every_s
+        self.compile_times = compile_times or CompileTimes()
         self._recipes = dict(PRESETS, **(extra_recipes or {}))
         self.runs: list[Run] = []
         self.updates: list[tuple[str, int]] = []
         self._live: dict[str, Run] = {}
         self._drawn_at = 0.0
-        b = self.base
+        self._lock = threading.RLock()  # the figure: drawn by the training thread, read by snapshot()
+        self._thread: threading.Thread | None = None
+        self._interruption: interrupt.Interruption | None = None
         options = [n for n in self._recipes if n != REFERENCE]
         chosen = tuple(recipes)
         bad = [n for n in chosen if n not in options]
         if bad:
             raise ValueError(f"unknown recipe(s) {bad}; valid: {', '.join(options)}")
-        self.controls = _controls(w, b, options, chosen)
+        self.controls = make_controls(w, self.base, options, chosen)
         self.button = w.Button(description="Train", button_style="primary", icon="play",
                                tooltip="train FP32 and the chosen MX recipes")
+        self.stop_button = w.Button(description="Stop", icon="stop", disabled=True,
+                                    tooltip="stop at the end of the current segment, keeping what finished "
+                                            "(as Kernel → Interrupt does)")
         self.button.on_click(self._on_click)
+        self.stop_button.on_click(lambda _b: self.stop())
         self.progress = w.IntProgress(value=0, min=0, max=1, description="steps")
         self.status = w.HTML(value="FP32 trains first, then each chosen recipe, on identical data.")
         self.output = w.Output()
+        self.results = w.HTML(value="")
         self.figure = Figure(figsize=(11, 6.5), layout="constrained")
         self.axes = self.figure.subplots(2, 2).ravel()
         c = self.controls
+        for name in CONTROLS:
+            c[name].observe(self._on_change, names="value")
         left = w.VBox([c["act"], c["norm"], c["width"], c["depth"]])
         right = w.VBox([c["lr"], c["steps"], c["seed"], c["diagnostics_every"]])
-        self.widget = w.VBox([w.HBox([c["recipes"], left, right]), w.HBox([self.button, self.progress]),
-                              self.status, self.output])
+        self.widget = w.VBox([w.HBox([c["recipes"], left, right]), w.HBox([self.button, self.stop_button,
+                                                                            self.progress]),
+                              self.status, self.output, self.results])
         self.draw()
 
     # -- display -------------------------------------------------------------
@@ -230,7 +174,8 @@ class Explorer:
     def png(self) -> bytes:
         """The current figure as PNG bytes."""
         buf = io.BytesIO()
-        self.figure.savefig(buf, format="png", dpi=90)
+        with self._lock:
+            self.figure.savefig(buf, format="png", dpi=90)
         return buf.getvalue()
 
     def snapshot(self):
@@ -241,19 +186,18 @@ class Explorer:
         return Image(data=self.png(), format="png")
 
     def _show(self, force: bool = False) -> None:
-        """Redraw the figure and, inside a kernel, show it in :attr:`output`
-        (at most every ``redraw_every_s`` seconds unless ``force``)."""
+        """Redraw the figure and show it in :attr:`output` (at most every
+        ``redraw_every_s`` seconds unless ``force``). The Output's outputs are
+        set directly, from whichever thread trains."""
         now = time.perf_counter()
         if not force and now - self._drawn_at < self.redraw_every_s:
             return
         self._drawn_at = now
-        self.draw()
-        if _in_kernel():
-            from IPython.display import clear_output, display
-
-            with self.output:
-                clear_output(wait=True)
-                display(self.snapshot())
+        with self._lock:
+            self.draw()
+            png = base64.b64encode(self.png()).decode()
+        self.output.outputs = ({"output_type": "display_data", "metadata": {},
+                                "data": {"image/png": png, "text/plain": "<the explorer's figure>"}},)
 
     def draw(self) -> None:
         """Plot :attr:`runs` and the runs training now on :attr:`figure`'s
@@ -261,28 +205,10 @@ class Explorer:
         itself; a norm without gains gets a note instead of a clamp curve)."""
         shown = {r.config.recipe.name: r for r in self.runs}
         shown.update(self._live)
-        for ax, (col, label, scale) in zip(self.axes, PANELS):
-            ax.clear()
-            ax.set_title(label, fontsize=10)
-            ax.set_xlabel("step")
-            ax.set_yscale(scale)
-            drawn = 0
-            for name, run in shown.items():
-                if col not in run.metrics or (name == REFERENCE and col in ("zeta_bound", "cosine")):
-                    continue
-                m = run.metrics.dropna(subset=[col])
-                if not len(m):
-                    continue
-                ax.plot(m["step"], m[col], lw=0.9, color=plots.color(name), label=name)
-                if run.diverged_at is not None:
-                    ax.axvline(run.diverged_at, color=plots.color(name), ls=":", lw=1)
-                drawn += 1
-            if drawn:
-                ax.legend(fontsize=7)
-            elif col == "ln_clamp_frac" and shown:
-                norm = next(iter(shown.values())).config.norm
-                ax.text(0.5, 0.5, f"no LN gains to clamp (norm={norm})", ha="center", va="center",
-                        transform=ax.transAxes, fontsize=9, color="0.4")
+        with self._lock:
+            for ax, (col, label, scale) in zip(self.axes, PANELS):
+                draw_panel(ax, shown, col, label, scale)
+            _results.legend(self.figure)
 
     # -- training ------------------------------------------------------------
     def configs(self) -> list[Config]:
@@ -291,112 +217,162 @@ class Explorer:
         of the diagnostics period, as Config requires).
 
         Raises:
-          ValueError: a control's value a Config rejects (its own message,
-            naming the value).
+          ValueError: a control's value that is not valid (naming the field
+            and its valid range), or one a Config rejects (its own message).
         """
-        c = {k: v.value for k, v in self.controls.items()}
-        period = int(c["diagnostics_every"])
-        common = self.base.replace(act=c["act"], norm=c["norm"], width=int(c["width"]), depth=int(c["depth"]),
-                                   lr=float(c["lr"]), steps=int(c["steps"]), seed=int(c["seed"]),
-                                   diagnostics_every=period, val_every=_val_every(self.base.val_every, period))
+        c = read_controls(self.controls)
+        period = c["diagnostics_every"]
+        common = self.base.replace(act=c["act"], norm=c["norm"], width=c["width"], depth=c["depth"], lr=c["lr"],
+                                   steps=c["steps"], seed=c["seed"], diagnostics_every=period,
+                                   val_every=val_every(self.base.val_every, period))
         names = [REFERENCE] + [n for n in c["recipes"] if n != REFERENCE]
         return [common.replace(recipe=self._recipes[n]) for n in names]
 
+    @property
+    def training(self) -> bool:
+        """Whether the Train button's training is running (in its thread)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def train(self) -> list[Run]:
-        """Train FP32 and every chosen recipe one after another, updating the
-        figure and progress bar live; returns the runs (also :attr:`runs`).
+        """Train FP32 and every chosen recipe one after another, in this
+        thread, updating the figure, progress bar and results live; returns
+        the runs (also :attr:`runs`).
 
         Raises:
-          ValueError: a control value a Config rejects (nothing trains).
+          ValueError: a control value that is not valid (nothing trains).
+          mx_proxy.runner.interrupt.Interrupted: stopped (Kernel → Interrupt,
+            Ctrl-C, :meth:`stop`); :attr:`runs` holds those that finished.
         """
         configs = self.configs()
+        if self.training:
+            raise RuntimeError("the panel is training already (its Train button): panel.stop() or panel.wait()")
+        return self._run(configs, interrupt.Interruption())
+
+    def stop(self) -> None:
+        """Stop the training at the end of its current segment (the Stop button)."""
+        if self._interruption is not None:
+            self._interruption.request()
+            self.status.value = "stopping at the end of the current segment…"
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the Train button's training to end; False if it still runs after ``timeout`` seconds."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return not self.training
+
+    def _run(self, configs: list[Config], interruption: interrupt.Interruption) -> list[Run]:
         self.runs, self.updates, self._live = [], [], {}
+        self._interruption = interruption
         self.progress.max, self.progress.value = sum(c.steps for c in configs), 0
-        self.button.disabled = True
+        self.button.disabled, self.stop_button.disabled = True, False
         done = 0
         try:
-            for config in configs:
-                name = config.recipe.name
-                self.status.value = f"training <b>{name}</b> ({config.steps} steps)…"
-
-                def update(step: int, run: Run, name=name, done=done) -> None:
-                    self._live[name] = run
-                    self.updates.append((name, step))
-                    self.progress.value = min(done + step, self.progress.max)
-                    self._show()
-
-                self.runs.append(train_live(config, self.store, update))
-                self._live.pop(name, None)
-                done += config.steps
+            with interrupt.interruptible(interruption):
+                for config in configs:
+                    self.runs.append(self._train_one(config, done))
+                    self._live.pop(config.recipe.name, None)
+                    if not any(r is self.runs[-1] for r in interruption.finished):  # a run loaded, not trained
+                        interruption.finish(self.runs[-1])
+                    done += config.steps
+                    self._show_results()
+        except interrupt.Interrupted as err:
+            self.status.value = f"stopped: {err}. Press Train to go on (finished runs load, the stopped one resumes)."
+            raise
         finally:
-            self.button.disabled = False
+            self._interruption = None
+            self.button.disabled, self.stop_button.disabled = False, True
             self._live = {}
             self._show(force=True)
-        self.status.value = self._summary()
+            self._show_results()
+        self.status.value = _results.summary_html(self.runs, self.store)
         return list(self.runs)
 
-    def _summary(self) -> str:
-        """One HTML line per run: final loss, median ‖ζ‖ bound, divergence, where it is stored."""
-        rows = []
-        for r in self.runs:
-            m = r.metrics
-            zeta = m["zeta_bound"].median() if "zeta_bound" in m else float("nan")
-            fate = f"diverged at {r.diverged_at}" if r.diverged_at is not None else "stable"
-            # the store as it was given (e.g. "../runs"), not this machine's absolute path: the line is saved
-            # with a notebook's widget state
-            where = (f" — {os.path.join(os.fspath(self.store), os.path.basename(os.fspath(r.path)))}"
-                     if r.path and self.store is not None else f" — {r.path}" if r.path else "")
-            rows.append(f"<b>{r.config.recipe.name}</b>: final loss {r.final_loss:.4g}, median ‖ζ‖ bound "
-                        f"{zeta:.3g}, {fate}{where}")
-        return "<br>".join(rows)
+    def _train_one(self, config: Config, done: int) -> Run:
+        """One run: the compiling note while its program is new to this process, then live updates."""
+        name = config.recipe.name
+        key = static_key(config)
+        shape = key.hash()
+        fresh = not programs.single(key)[0].ready
+        if fresh:
+            expected = self.compile_times.expected(shape)
+            self.status.value = (f"<b>{name}</b>: compiling (first run of this shape, "
+                                 + (f"~{expected:.0f} s measured last time)…" if expected is not None
+                                    else "not measured before)…"))
+        else:
+            self.status.value = f"training <b>{name}</b> ({config.steps} steps)…"
+        t0, compiled = time.perf_counter(), executables.stats["compiled"]
+        first = [True]
+
+        def update(step: int, run: Run) -> None:
+            if first[0]:
+                first[0] = False
+                if fresh and executables.stats["compiled"] > compiled:
+                    self.compile_times.record(shape, time.perf_counter() - t0)
+                self.status.value = f"training <b>{name}</b> ({config.steps} steps)…"
+            self._live[name] = run
+            self.updates.append((name, step))
+            self.progress.value = min(done + step, self.progress.max)
+            self._show()
+
+        return train_live(config, self.store, update)
+
+    def _show_results(self) -> None:
+        """The results under the figure: :meth:`table` and :meth:`conclusions` of :attr:`runs`."""
+        self.results.value = _results.results_html(self.runs)
 
     # -- results -------------------------------------------------------------
     def table(self) -> pd.DataFrame:
-        """One row per run of the latest training (:attr:`runs`, read now:
-        after another press of Train it describes the new runs), indexed by
-        recipe, FP32 first: final loss, its ratio to FP32's, median ‖ζ‖
-        bound, minimum cosine, maximum LN clamp fraction (NaN where a metric
-        was not measured, e.g. no LN gains), first diverged step (NaN if
-        stable). Empty (with these columns) before the first training."""
-        runs = list(self.runs)
-        ref = next((r for r in runs if r.config.recipe.name == REFERENCE), None)
-
-        def stat(m, col, how) -> float:
-            return float(getattr(m[col].dropna(), how)()) if col in m and m[col].notna().any() else float("nan")
-
-        rows = []
-        for r in runs:
-            m = r.metrics
-            rows.append(dict(recipe=r.config.recipe.name, final_loss=r.final_loss,
-                             vs_fp32=r.final_loss / ref.final_loss if ref is not None else float("nan"),
-                             zeta_median=stat(m, "zeta_bound", "median"), cosine_min=stat(m, "cosine", "min"),
-                             ln_clamp_max=stat(m, "ln_clamp_frac", "max"),
-                             diverged_at=float("nan") if r.diverged_at is None else float(r.diverged_at)))
-        return pd.DataFrame(rows, columns=("recipe",) + TABLE_COLUMNS).set_index("recipe")
+        """One row per run of the latest training (:attr:`runs`, read now),
+        indexed by recipe, FP32 first (:func:`mx_proxy.viz.explore_results.table`):
+        final loss, its ratio to FP32's, median ‖ζ‖ bound, minimum cosine,
+        maximum LN clamp fraction, first diverged step. Empty before the
+        first training. The panel shows it under its figure after every run."""
+        return _results.table(self.runs)
 
     def conclusions(self) -> str:
         """Markdown: the settings of the latest training (:attr:`runs`, read
         now) and one sentence per MX run, computed from :meth:`table`."""
-        if not self.runs:
-            return "Nothing trained yet: press **Train** (or call `panel.train()`), then rerun this cell."
-        table = self.table()
-        c = self.runs[0].config
-        lines = [f"Width {c.width}, depth {c.depth}, activation {c.act}, norm {c.norm}, LR {c.lr:g}, seed {c.seed}, "
-                 f"{c.steps} steps:"]
-        for name, t in table.drop(index=REFERENCE, errors="ignore").iterrows():
-            fate = f"diverged at step {t.diverged_at:.0f}" if pd.notna(t.diverged_at) else "stayed stable"
-            clamp = ("no LN gains to clamp" if pd.isna(t.ln_clamp_max)
-                     else f"at most {100 * t.ln_clamp_max:.0f}% of the LN gains clamped")
-            lines.append(f"- **{name}** {fate}; its final loss is {t.vs_fp32:.3g}× FP32's, its median ‖ζ‖ bound "
-                         f"{t.zeta_median:.3g} (minimum cosine {t.cosine_min:.3g}), {clamp}.")
-        return "\n".join(lines)
+        return _results.conclusions(self.runs)
+
+    # -- the buttons ---------------------------------------------------------
+    def _on_change(self, change) -> None:
+        """A control changed: say at once when its value is not valid."""
+        if self.training:
+            return
+        try:
+            self.configs()
+        except ValueError as err:
+            self.status.value = _error(f"{err}: fix it to train")
+        else:
+            if "color:#b00" in self.status.value:
+                self.status.value = "Press Train."
 
     def _on_click(self, _button) -> None:
-        """The Train button: like :meth:`train`, but a rejected value is shown in the status line."""
+        """The Train button: :meth:`train` in a thread of its own (the kernel stays free, so the Stop button
+        and Kernel → Interrupt reach it); a value that is not valid is shown in the status line instead."""
+        if self.training:
+            return
         try:
-            self.train()
+            configs = self.configs()
         except ValueError as err:
-            self.status.value = f"<span style='color:#b00'>not trained: {err}</span>"
+            self.status.value = _error(f"not trained: {err}")
+            return
+        interruption = interrupt.Interruption()
+        restore = interrupt_on_sigint(interruption)
+
+        def work():
+            try:
+                self._run(configs, interruption)
+            except interrupt.Interrupted:
+                pass  # the status line says what was kept
+            except Exception as err:  # noqa: BLE001 -- shown where the reader looks, not lost in a thread
+                self.status.value = _error(f"training failed: {type(err).__name__}: {err}")
+            finally:
+                restore()
+
+        self._thread = threading.Thread(target=contextvars.copy_context().run, args=(work,), daemon=True,
+                                        name="mx_proxy explorer")
+        self._thread.start()
 
 
 def explore(store=None, **defaults) -> Explorer:
@@ -419,5 +395,5 @@ def explore(store=None, **defaults) -> Explorer:
       ImportError: ipywidgets is not installed.
     """
     recipe = defaults.pop("recipe", "mxfp8_e4m3")
-    chosen, extra = _recipe_defaults(recipe)
+    chosen, extra = _results.recipe_defaults(recipe)
     return Explorer(store, base_config(**defaults), recipes=chosen, extra_recipes=extra)

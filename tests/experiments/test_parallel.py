@@ -54,3 +54,27 @@ def test_figures_default_outside_the_checkout_and_refuse_bad_jobs(tmp_path, monk
     with pytest.raises(ValueError, match=r"jobs must be an integer in \[1, 64\] or None \(one per core\), got 0"):
         generate(["sawtooth"], jobs=0)
     assert generate(["sawtooth"], log=lambda *_: None) == [str(tmp_path / "proxy" / "figures" / "sawtooth.png")]
+
+
+def test_an_interrupt_stops_the_workers_at_the_end_of_their_segment_and_keeps_their_checkpoints(tmp_path):
+    """Ctrl-C (Kernel → Interrupt) while worker processes train: the workers (which ignore SIGINT) are asked
+    to stop, checkpoint where their segment ends and exit; train_all raises Interrupted saying what was kept."""
+    import os
+    import signal
+    import threading
+
+    from mx_proxy.runner.interrupt import Interrupted
+    from mx_proxy.store import checkpoint as ckpt
+
+    cheap = mxp.Config(width=8, depth=1, batch=16, steps=10 ** 7, diagnostics_every=0, val_every=0)
+    units = parallel.plan_units([(cheap, {"recipe": ["fp32"]})], tmp_path)
+
+    def started(unit, _):  # the worker has its task: interrupt this process a moment later
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+    with pytest.raises(Interrupted, match=r"0 of 1 training units finished and are kept in .*; 1 stopped at the "
+                                          r"end of a segment \(step \d+\), checkpointed there \(a rerun resumes\)"):
+        parallel.train_all(units, tmp_path, jobs=1, progress=False, log=lambda *_: None, on_start=started)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    (part,) = tmp_path.glob(f"{cheap.hash()}.partial-*")
+    assert len(ckpt.steps(part / "checkpoints")) == 1

@@ -126,9 +126,11 @@ def test_notebook_10_runs_and_its_results_follow_the_train_button(tmp_path, monk
         first = (_output(nb.cells[results], "text/html"), _output(nb.cells[results], "text/markdown"))
         press = nbformat.v4.new_code_cell('panel.controls["seed"].value = 1\n'
                                           'panel.controls["steps"].value = 60\n'
-                                          'panel.button.click()  # pressing Train')
+                                          'panel.button.click()  # pressing Train: it trains in its own thread\n'
+                                          'assert panel.wait(600)')
         probe = nbformat.v4.new_code_cell("import json\nprint(json.dumps(dict(html=panel.table()._repr_html_(), "
                                           "markdown=panel.conclusions(), status=panel.status.value, "
+                                          "shown=panel.results.value, "
                                           "runs=[(r.config.seed, len(r.metrics)) for r in panel.runs])))")
         nb.cells += [press, probe]
         client.execute_cell(press, len(nb.cells) - 2)
@@ -141,6 +143,7 @@ def test_notebook_10_runs_and_its_results_follow_the_train_button(tmp_path, monk
     assert second == (latest["html"], latest["markdown"])  # the results cell shows panel.runs
     assert "seed 0, 100 steps:" in first[1] and "seed 1, 60 steps:" in second[1]
     assert first[0] != second[0]
+    assert "seed 1, 60 steps:" in latest["shown"]  # the panel itself shows the new results
 
 
 def test_every_notebook_has_one_parameters_cell_and_a_conclusion():
@@ -152,6 +155,9 @@ def test_every_notebook_has_one_parameters_cell_and_a_conclusion():
         assert "SCALE =" in tagged[0].source and "STORE =" in tagged[0].source
         assert "os.environ" not in "".join(c.source for c in nb.cells if c.cell_type == "code")
         assert any(c.cell_type == "markdown" and "What this shows" in c.source for c in nb.cells), path.name
+        first = nb.cells[0]  # states its runtime at its default scale, measured on a 2-core CPU
+        assert first.cell_type == "markdown" and "**Runtime**" in first.source, path.name
+        assert re.search(r"measured on a 2-core CPU.*quick ≈ \d", first.source, flags=re.S), path.name
 
 
 def test_notebook_10_builds_and_drives_the_explorer():
@@ -171,47 +177,44 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
 def test_notebook_10_as_committed_shows_its_panel():
-    """The committed panel renders without a kernel (saved widget state: its controls and, in its Output
-    widget, the last figure), and where widgets cannot render it reads as a one-line note, not ``VBox(...)``."""
+    """The committed panel needs no kernel: its cell keeps the panel's one-line text (no widget view, no saved
+    widget state: without a kernel they render a placeholder or a disconnected widget), and the markdown cell
+    under it shows a picture of the live panel (scripts/check_notebooks_in_browser.py --panel-picture)."""
     nb = json.loads(EXPLORE.read_text(encoding="utf-8"))
-    state = nb["metadata"]["widgets"][WIDGET_STATE]
-    models = state["state"]
-    assert state["version_major"] == 2
-    views = [o["data"] for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"]
-             if WIDGET_VIEW in o.get("data", {})]
-    assert len(views) == 1, "one panel"
-    (view,) = views
-    assert "".join(view["text/plain"]) == TEXT_REPR and "VBox(" not in json.dumps(views)
-    panel = models[view[WIDGET_VIEW]["model_id"]]
-    assert panel["model_name"] == "VBoxModel"
-
-    def tree(model_id):  # the models a view of model_id shows
-        yield models[model_id]
-        for ref in models[model_id]["state"].get("children", []):
-            yield from tree(ref.removeprefix("IPY_MODEL_"))
-
-    shown = list(tree(view[WIDGET_VIEW]["model_id"]))
-    names = [m["model_name"] for m in shown]
-    assert {"SelectMultipleModel", "DropdownModel", "BoundedIntTextModel", "FloatTextModel", "ButtonModel",
-            "IntProgressModel", "HTMLModel", "OutputModel"} <= set(names), names
-    refs = set(re.findall(r"IPY_MODEL_([0-9a-f]{32})", json.dumps(models)))
-    assert refs <= set(models), "every referenced model is saved"
-    (button,) = [m["state"] for m in shown if m["model_name"] == "ButtonModel"]
-    assert button["description"] == "Train" and not button["disabled"]
-    (progress,) = [m["state"] for m in shown if m["model_name"] == "IntProgressModel"]
-    assert progress["value"] == progress["max"] > 1  # saved after the training the notebook ran
-    (output,) = [m["state"] for m in shown if m["model_name"] == "OutputModel"]
-    assert [o["output_type"] for o in output["outputs"]] == ["display_data"]
-    assert "image/png" in output["outputs"][0]["data"]  # the live figure, as the training left it
-    # an untrusted notebook (one just opened) or a viewer without widgets shows no widget: a picture of the panel
-    # (scripts/check_notebooks_in_browser.py --panel-picture) stands under its cell, with a one-line note
-    (i,) = [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and WIDGET_VIEW in json.dumps(c["outputs"])]
+    assert "widgets" not in nb["metadata"]
+    (i,) = [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and "mxp.explore(" in "".join(c["source"])]
+    (out,) = nb["cells"][i]["outputs"]
+    assert out["data"] == {"text/plain": [TEXT_REPR]} or "".join(out["data"]["text/plain"]) == TEXT_REPR
+    assert set(out["data"]) == {"text/plain"}
     picture = nb["cells"][i + 1]
     source = "".join(picture["source"])
     assert picture["cell_type"] == "markdown" and "](attachment:panel.png)" in source
     assert "run the cells to use it" in source
     png = base64.b64decode(picture["attachments"]["panel.png"]["image/png"])
     assert png.startswith(b"\x89PNG") and len(png) > 20_000
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_committed_output_needs_a_kernel_or_shows_an_unfinished_bar(path):
+    """What a reader sees without running anything: no widget (views or saved state render a placeholder, a
+    "0/3000" bar or a disconnected widget without their kernel), and every progress line finished, as the
+    runner writes it in a kernel ("fp32: 3000/3000 steps [02:10]")."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    assert "widgets" not in nb["metadata"]
+    texts = []
+    for cell in nb["cells"]:
+        for out in cell.get("outputs", []):
+            assert WIDGET_VIEW not in out.get("data", {}), cell["source"][:2]
+            texts += ["".join(out.get("text", []))] + ["".join(v) for k, v in out.get("data", {}).items()
+                                                        if k.startswith("text/")]
+    shown = "\n".join(texts)
+    for placeholder in ("HBox(children", "VBox(children", "FloatProgress", "IntProgress", "model not found",
+                        "Loading widget"):
+        assert placeholder not in shown
+    bars = re.findall(r"^(.+?): (\d+)/(\d+) steps \[([\d:]+)\](, \d+ diverged)?$", shown, flags=re.M)
+    for desc, done, total, _, diverged in bars:
+        assert done == total or diverged, (desc, done, total)
+    assert not re.search(r"(?<![\d.])0/\d+ ?(steps)? ?\[", shown)
 
 
 _METADATA = """
@@ -270,7 +273,9 @@ def test_notebooks_were_executed_by_one_python():
 
 def test_normalize_writes_the_jupyterlab_metadata(tmp_path):
     """scripts/run_notebooks.py's normalize: the installed kernelspec, cell ids kept or added, cells numbered
-    from 1, widget model ids renumbered the same way on every run."""
+    from 1, streams as JupyterLab stores them (a carriage return overwrites the line), no widget view or widget
+    state (they render nothing but a placeholder without a kernel), or with ``widgets=True`` their model ids
+    renumbered the same way on every run."""
     sys.path.insert(0, str(EXPLORE.parent.parent / "scripts"))
     try:
         import run_notebooks
@@ -288,8 +293,15 @@ def test_normalize_writes_the_jupyterlab_metadata(tmp_path):
         "execute_result", {WIDGET_VIEW: {"model_id": b, "version_major": 2, "version_minor": 0}, "text/plain": "x"},
         execution_count=7)])
     del cell["id"]
-    nb.cells = [nbformat.v4.new_markdown_cell("# t"), cell]
-    out = run_notebooks.normalize(nb, "t", kernel=_jupyterlab_metadata()["kernelspec"])
+    bar = nbformat.v4.new_code_cell("train()", outputs=[nbformat.v4.new_output(
+        "stream", name="stderr", text="fp32:  10%|#  | 10/100\rfp32: 100%|###| 100/100\ndone\r\n")])
+    nb.cells = [nbformat.v4.new_markdown_cell("# t"), cell, bar]
+    plain = run_notebooks.normalize(nbformat.from_dict(json.loads(json.dumps(nb))), "t",
+                                    kernel=_jupyterlab_metadata()["kernelspec"])
+    assert "widgets" not in plain.metadata and WIDGET_VIEW not in json.dumps(plain.cells)
+    assert plain.cells[1].outputs[0].data == {"text/plain": "x"}
+    assert plain.cells[2].outputs[0].text == "fp32: 100%|###| 100/100\ndone\n"
+    out = run_notebooks.normalize(nb, "t", kernel=_jupyterlab_metadata()["kernelspec"], widgets=True)
     assert out.metadata.kernelspec == _jupyterlab_metadata()["kernelspec"] and out.nbformat_minor == 5
     assert all(c.get("id") for c in out.cells)
     assert out.cells[1].execution_count == out.cells[1].outputs[0].execution_count == 1
@@ -298,7 +310,7 @@ def test_normalize_writes_the_jupyterlab_metadata(tmp_path):
     assert out.metadata.widgets[WIDGET_STATE]["state"][new_b]["state"]["layout"] == f"IPY_MODEL_{new_a}"
     assert out.cells[1].outputs[0].data[WIDGET_VIEW]["model_id"] == new_b
     again = run_notebooks.normalize(nbformat.from_dict(json.loads(json.dumps(out))), "t",
-                                    kernel=_jupyterlab_metadata()["kernelspec"])
+                                    kernel=_jupyterlab_metadata()["kernelspec"], widgets=True)
     assert run_notebooks.widget_ids(again) == [new_a, new_b]  # stable: a rerun does not rewrite the ids
 
 
@@ -312,3 +324,37 @@ def test_notebook_09_compares_seed_003s_systems():
                  "beyond.weight_disagreement("):
         assert call in code, call
     assert "**Runtime**" in text and "quick ≈" in text and "GNMR" in text and "nGPT" in text
+
+
+def test_the_figure_check_ignores_text_and_nothing_else():
+    """scripts/notebook_figures.compare, what ``run_notebooks.py --check`` judges a committed figure by: another
+    title or label (font rendering, a changed number) is no difference; a moved legend, another colour or a line
+    with other data is."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sys.path.insert(0, str(EXPLORE.parent.parent / "scripts"))
+    try:
+        import notebook_figures
+    finally:
+        sys.path.pop(0)
+
+    def draw(title="loss", loc="upper right", color="C0", y=(3, 2, 1.5, 1.2)):
+        fig, ax = plt.subplots(figsize=(4, 3))
+        ax.plot([0, 1, 2, 3], y, color=color, label="mxfp8_e4m3")
+        ax.plot([0, 1, 2, 3], [3, 2.5, 2, 1.9], color="k", label="fp32")
+        ax.legend(loc=loc)
+        ax.set_title(title)
+        png, bare = notebook_figures.render(fig), notebook_figures.render(fig, textless=True)
+        plt.close(fig)
+        return png, bare
+
+    committed, _ = draw()
+    assert notebook_figures.compare(committed, *draw())[0]
+    assert notebook_figures.compare(committed, *draw(title="LOSS"))[0]  # text alone
+    for change in (dict(loc="lower left"), dict(color="C3"), dict(y=(3, 2, 1.5, 1.3))):
+        same, why = notebook_figures.compare(committed, *draw(**change))
+        assert not same and "pixels outside text differ" in why, change
+    assert not notebook_figures.compare(committed, draw(title="LOSS")[0], None)[0]  # unmasked, text counts too

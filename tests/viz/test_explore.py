@@ -1,16 +1,23 @@
 """The live explorer, driven headless: controls → configs, a live training with FP32 alongside, the store."""
 
 
+import time
+
 import numpy as np
 import pandas as pd
 import pytest
 
 import mx_proxy as mxp
 import mx_proxy.viz.explore as explore_module
+from mx_proxy.store import checkpoint as ckpt
+from mx_proxy.store import executables
+from mx_proxy.training.engine import static_key
 from mx_proxy.training.result import Run
-from mx_proxy.viz.explore import Explorer, train_live
+from mx_proxy.viz.explore import Explorer, base_config, train_live
+from mx_proxy.viz.explore_controls import CompileTimes
 
 SMALL = dict(width=32, depth=2, batch=32, steps=20, diagnostics_every=5, val_every=10, val_batches=1)
+CHEAP = dict(width=8, depth=1, batch=16, diagnostics_every=0, val_every=0)  # the suite's cheapest program
 
 
 def test_defaults_and_controls_make_the_configs():
@@ -18,7 +25,7 @@ def test_defaults_and_controls_make_the_configs():
     assert isinstance(panel, Explorer)
     assert panel.controls["recipes"].value == ("mxfp8_e4m3", "mxfp6_e2m3")  # FP32 is not a choice: it always trains
     assert "fp32" not in panel.controls["recipes"].options
-    assert panel.controls["width"].value == 32 and panel.controls["lr"].value == 1e-3
+    assert panel.controls["width"].value == "32" and float(panel.controls["lr"].value) == 1e-3
     panel.controls["norm"].value = "layernorm_noaffine"
     panel.controls["act"].value = "silu"
     panel.controls["diagnostics_every"].value = 7
@@ -39,10 +46,33 @@ def test_bad_defaults_and_values_name_what_is_wrong():
         mxp.explore(norm="batchnorm")
     panel = mxp.explore(**SMALL)
     panel.controls["lr"].value = -1.0
-    with pytest.raises(ValueError, match="lr must be a positive finite number, got -1"):
+    with pytest.raises(ValueError, match=r"LR must be a positive finite number \(e.g. 3e-3\), got '-1.0'"):
         panel.train()
     panel._on_click(panel.button)  # the button shows the message instead of raising
-    assert "lr must be a positive" in panel.status.value and panel.runs == []
+    assert "LR must be a positive" in panel.status.value and panel.runs == [] and not panel.training
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("width", -5, "width must be a whole number from 1 to 65536, got -5"),
+    ("width", "wide", "width must be a whole number from 1 to 65536, got 'wide'"),
+    ("steps", 0, "steps must be a whole number from 1 to 100000000, got 0"),
+    ("depth", "2.5", "depth must be a whole number from 1 to 256, got '2.5'"),
+    ("seed", 2 ** 32, "seed must be a whole number from 0 to 4294967295, got 4294967296"),
+    ("diagnostics_every", "", "diagnostics every must be a whole number from 0 to 1000000, got ''"),
+    ("lr", "fast", "LR must be a positive finite number (e.g. 3e-3), got 'fast'"),
+])
+def test_a_value_out_of_range_is_refused_naming_the_field_and_its_range_not_clamped(field, value, message):
+    panel = mxp.explore(**SMALL)
+    panel.controls[field].value = value
+    assert str(panel.controls[field].value) == str(value)  # kept as typed, not clamped into the range
+    assert message in panel.status.value  # said as soon as it is typed
+    with pytest.raises(ValueError) as err:
+        panel.configs()
+    assert str(err.value) == message
+    panel.button.click()
+    assert panel.wait(5) and panel.runs == [] and f"not trained: {message}" in panel.status.value
+    panel.controls[field].value = SMALL.get(field, {"lr": "3e-3"}.get(field, 0))
+    assert "color:#b00" not in panel.status.value  # a valid value clears the message
 
 
 def test_a_custom_recipe_becomes_a_choice():
@@ -125,7 +155,9 @@ def test_results_follow_the_latest_press_of_train(monkeypatch):
     seen = []
     for seed, steps in ((0, 20), (1, 30)):
         panel.controls["seed"].value, panel.controls["steps"].value = seed, steps
-        panel.button.click()  # what pressing Train does
+        panel.button.click()  # what pressing Train does: it trains in a thread of its own
+        assert panel.wait(30)
+        assert panel.results.value == explore_module._results.results_html(panel.runs)  # the panel shows them
         table, text = panel.table(), panel.conclusions()
         assert [r.config.seed for r in panel.runs] == [seed, seed] and len(panel.runs[0].metrics) == steps
         assert list(table.index) == ["fp32", "mxfp8_e4m3"]
@@ -135,3 +167,62 @@ def test_results_follow_the_latest_press_of_train(monkeypatch):
         assert f"seed {seed}, {steps} steps:" in text and "**mxfp8_e4m3** stayed stable" in text
         seen.append((table, text))
     assert not seen[0][0].equals(seen[1][0]) and seen[0][1] != seen[1][1]
+
+
+def _until(condition, timeout: float = 120.0) -> None:
+    t0 = time.monotonic()
+    while not condition():
+        assert time.monotonic() - t0 < timeout, "timed out"
+        time.sleep(0.02)
+
+
+def test_the_stop_button_stops_within_one_segment_and_keeps_the_checkpoint(tmp_path):
+    """Train (in the panel's thread) a run far too long to finish, press Stop after its first segment: it stops
+    at the end of the segment it is in, checkpointed in the store, the status line says so, and the buttons
+    are back."""
+    panel = mxp.explore(store=tmp_path, recipe=(), steps=10 ** 7, **CHEAP)
+    assert panel.stop_button.disabled
+    panel.button.click()
+    _until(lambda: panel.updates)
+    assert panel.training and panel.button.disabled and not panel.stop_button.disabled
+    panel.stop_button.click()
+    asked_at = len(panel.updates)
+    assert panel.wait(60)
+    assert len(panel.updates) <= asked_at + 1  # at most the segment it was in
+    step = panel.updates[-1][1]
+    assert panel.status.value.startswith(f"stopped: fp32 stopped at step {step} of 10000000, checkpointed in ")
+    (part,) = tmp_path.glob("*.partial-*")
+    assert ckpt.steps(part / "checkpoints") == [step]
+    assert panel.runs == [] and not panel.button.disabled and panel.stop_button.disabled
+    assert panel.progress.value == step < panel.progress.max
+
+
+def test_a_new_shape_says_it_compiles_and_how_long_the_last_one_took(tmp_path, monkeypatch):
+    """The status line while a program of a new shape compiles, then the time it took, recorded for the next
+    new shape. Training is a fake that counts one compile and reports one segment (the engine is not under
+    test here); the shape is one no test compiles."""
+    base = base_config(width=24, depth=3, batch=16, steps=10, diagnostics_every=0, val_every=0)
+    times = CompileTimes(tmp_path)
+    shape = static_key(base.replace(recipe="fp32")).hash()
+
+    def fake_train_live(config, store, on_update):
+        executables.stats["compiled"] += 1
+        time.sleep(0.3)
+        run = Run(config, pd.DataFrame({"step": np.arange(config.steps), "loss": np.ones(config.steps)}), None)
+        on_update(config.steps, run)
+        return run
+
+    monkeypatch.setattr(explore_module, "train_live", fake_train_live)
+    seen = []
+    panel = Explorer(None, base, recipes=(), compile_times=times)
+    panel.status.observe(lambda change: seen.append(change["new"]), names="value")
+    panel.train()
+    assert "<b>fp32</b>: compiling (first run of this shape, not measured before)…" in seen
+    assert seen.index("training <b>fp32</b> (10 steps)…") > seen.index(
+        "<b>fp32</b>: compiling (first run of this shape, not measured before)…")
+    assert 0.3 <= times.expected(shape) < 30 and times.expected("another shape") == times.expected(shape)
+    times.record(shape, 12.3)
+    seen.clear()
+    panel.train()
+    assert "<b>fp32</b>: compiling (first run of this shape, ~12 s measured last time)…" in seen
+    assert CompileTimes(tmp_path).expected(shape) < 12  # kept in the file, measured again

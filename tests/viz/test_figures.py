@@ -145,3 +145,28 @@ def test_interventions_plot_shows_losses_on_a_log_axis_where_the_parent_blows_up
             assert np.allclose(lines["fp32"].get_ydata()[-10:], 0.09)
             assert any("blew up at step 450" in k for k in lines)
         plots.plt.close(fig)
+
+
+def test_paper_metric_gives_every_control_a_style_of_its_own():
+    """Notebook 04's controls (FP32 against FP32 with another seed, with other batches, bf16 against FP32) are
+    told apart by colour and dash pattern, in every panel they appear in, and named in the legend."""
+    steps = np.arange(200)
+    m = pd.DataFrame({"step": steps, "loss": 1 / (1 + steps), "ref_loss": 1 / (1 + steps),
+                      "zeta_paper": np.full(200, 0.5), "zeta_bound": np.full(200, 0.2), "cosine": np.full(200, 0.9),
+                      "cosine_paper": np.full(200, 0.7)})
+    base = Config(width=8, depth=1, steps=200, paired_run=True)
+    mx = Run(base.replace(recipe="mxfp8_e4m3"), m, None)
+    controls = [Run(base.replace(recipe="fp32", reference_seed=1), m, None),
+                Run(base.replace(recipe="fp32", reference_data_seed=1), m, None),
+                Run(base.replace(recipe="bf16"), m, None)]
+    fig = plots.paper_metric([mx], controls)
+    a_loss, a_paper = fig.axes[:2]
+    names = [plots.reference_name(r) for r in controls]
+    for ax in (a_loss, a_paper):
+        lines = {line.get_label(): line for line in ax.lines if line.get_label() in names}
+        assert sorted(lines) == sorted(names)
+        looks = {(line.get_color(), repr(line._dash_pattern)) for line in lines.values()}
+        assert len(looks) == 3, looks  # three controls, three looks
+        assert lines[names[0]].get_color() != lines[names[1]].get_color()  # seed and batches: other colours
+    assert set(names) <= {t.get_text() for t in fig.legends[0].get_texts()}
+    plots.plt.close(fig)

@@ -74,6 +74,12 @@ def reference_name(r) -> str:
     return lab
 
 
+# the controls of paper_metric, in order: each its own colour and dash pattern (none a recipe colour of Fig. 4's
+# MX runs), so that FP32 against FP32 with another seed and with other batches are told apart
+CONTROL_STYLES = (("#009E73", (0, (1, 1.5))), ("#CC79A7", (0, (6, 2))), ("#E69F00", (0, (6, 2, 1, 2))),
+                  ("#56B4E9", (0, (3, 1, 1, 1, 1, 1))), ("0.45", (0, (1, 3))))
+
+
 def paper_metric(runs, controls=(), title: str | None = None):
     """Paper Fig. 4 with its controls. ``runs``: low-precision runs trained
     with their FP32 run alongside (``paired_run=True``); ``controls``: runs
@@ -85,7 +91,8 @@ def paper_metric(runs, controls=(), title: str | None = None):
     paired run (dashed line at 2: what two decorrelated gradients of equal
     norm give). Bottom left: the same-point ‖ζ‖ bound, ‖g̃ − g‖ / ‖g‖ with g
     the FP32 gradient at the same weights and batch (the quantization error
-    alone). Bottom right: the two cosines (dashed: against the paired run)."""
+    alone). Bottom right: the two cosines (dashed: against the paired run).
+    Each control has a colour and dash pattern of its own (:data:`CONTROL_STYLES`)."""
     runs, controls = list(runs), list(controls)
     smooth = _auto_smooth(runs + controls, None)
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
@@ -93,8 +100,8 @@ def paper_metric(runs, controls=(), title: str | None = None):
     ref_drawn = set()
     for r in runs + controls:
         is_control = r in controls
-        c = "0.55" if is_control and r.config.recipe.is_full_precision else color(r.config.recipe.name)
-        ls = ":" if is_control else "-"
+        c, ls = CONTROL_STYLES[controls.index(r) % len(CONTROL_STYLES)] if is_control else \
+            (color(r.config.recipe.name), "-")
         name = reference_name(r) if is_control else r.config.recipe.name
         x, y = _series(r, "loss")
         _plot_smoothed(a_loss, x, y, smooth, color=c, ls=ls, lw=1.1, label=_run_label(r, lambda _: name))
@@ -106,14 +113,14 @@ def paper_metric(runs, controls=(), title: str | None = None):
             _plot_smoothed(a_loss, x, y, smooth, color="k", ls="--", lw=1.0,
                            label=f"paired {r.config.reference_recipe.name} run")
         x, y = _series(r, "zeta_paper")
-        _trend(a_paper, x, y, c, name, ls if is_control else "-")
+        _trend(a_paper, x, y, c, name, ls)
         if not is_control:
             x, y = _series(r, "zeta_bound")
             _trend(a_same, x, y, c, name)
             x, y = _series(r, "cosine")
             _trend(a_cos, x, y, c)
         x, y = _series(r, "cosine_paper")
-        _trend(a_cos, x, y, c, None, "--" if not is_control else ":")
+        _trend(a_cos, x, y, c, None, "--" if not is_control else ls)
     a_loss.set_yscale("log")
     a_loss.set_ylabel("training loss" + (f" ({smooth}-step mean)" if smooth > 1 else ""))
     a_paper.axhline(2.0, color="k", ls="--", lw=1)
@@ -125,7 +132,8 @@ def paper_metric(runs, controls=(), title: str | None = None):
     a_cos.set_ylabel("cosine")
     for ax in axes.flat:
         ax.set_xlabel("step")
-    a_cos.plot([], [], "-", color="0.3", label="cosine: solid, at the same point; dashed/dotted, vs the paired run")
+    a_cos.plot([], [], "-", color="0.3", label="cosine: solid, at the same point; dashed (a control's own "
+                                               "pattern), vs the paired run")
     return finish(fig, title or "The paper's ζ against its paired FP32 run, the same-point bound, and the controls",
                   legend_axes=[a_loss, a_cos], ncol=3)
 
@@ -187,7 +195,7 @@ def ln_gains(run, fmt: str | None = None):
     ax.set_ylabel("mean LN gain per block")
     ax.set_title(f"{run.config.recipe.name}: LN gains; shaded: {spec.element.name} clamp bands "
                  f"[{lo:g}, 1)·2^k", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)  # beside: over no curve
     fig.tight_layout()
     return fig
 

@@ -101,12 +101,12 @@ def _trend(ax, x, y, col, label=None, ls="-", window: int | None = None):
     if not len(x):
         return
     window = window or max(5, len(x) // 60)
-    ax.plot(x, y, ls, color=col, lw=0.5, alpha=0.35)
+    ax.plot(x, y, linestyle=ls, color=col, lw=0.5, alpha=0.35)
     if len(y) >= window:
         med = _rolling_median(y, window)
-        ax.plot(x, med, ls, color=col, lw=1.4, label=label)
+        ax.plot(x, med, linestyle=ls, color=col, lw=1.4, label=label)
     else:
-        ax.plot(x, y, ls, color=col, lw=1.4, label=label)
+        ax.plot(x, y, linestyle=ls, color=col, lw=1.4, label=label)
 
 
 def _rolling_median(y, window: int):
