@@ -189,7 +189,7 @@ def use_explorer(page, timeout: float, shots: Path | None) -> bool:
 
 def panel_screenshot(page) -> bytes:
     """A picture of the open notebook's explorer panel as it shows now."""
-    r = _panel(page)
+    _panel(page)  # the panel laid out once before it is measured
     time.sleep(1.0)
     b = _panel(page)["box"]
     shot = page.call("Page.captureScreenshot", format="png", captureBeyondViewport=True,

@@ -28,21 +28,20 @@ import time
 
 import numpy as np
 
+from mx_proxy.cli.bench import machine
+from mx_proxy.runner import loop as runner
+from mx_proxy.training.config import Config
 from mx_proxy.viz.text import plain
 
 __all__ = ["main"]
 
 
 def _config(spec: dict):
-    from mx_proxy.training.config import Config
-
     return Config(**spec)
 
 
 def _train(spec: dict, members: int) -> float:
     """Seconds of one whole training run of ``members`` members (seeds 0…)."""
-    from mx_proxy.runner import loop as runner
-
     cfg = _config(spec)
     t = time.perf_counter()
     if members == 1:
@@ -118,8 +117,6 @@ def main(argv=None) -> int:
     cpus = sorted(os.sched_getaffinity(0))
     spec = dict(width=args.width, depth=args.depth, batch=args.batch, recipe=args.recipe, dot=args.dot,
                 steps=args.steps, diagnostics_every=args.diagnostics_every, val_every=0)
-    from mx_proxy.cli.bench import machine
-
     print(f"mx-proxy bench members: width {args.width}, depth {args.depth}, batch {args.batch}, {args.recipe}, "
           f"dot={args.dot}, diagnostics every {args.diagnostics_every or 'never'}; runs of {args.steps} and {2 * args.steps} "
           f"steps differenced, median of {args.repeats}")
