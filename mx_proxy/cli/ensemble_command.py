@@ -24,8 +24,9 @@ import pandas as pd
 from mx_proxy.cli.config_options import add_config_options, config_changes
 from mx_proxy.cli.executor_options import add_executor_options, executor_from_args, report_failures
 from mx_proxy.cli.help import cli_message
+from mx_proxy.cli.track_options import add_track_options, tracking_from_args
 from mx_proxy.experiments import ensemble as _ens
-from mx_proxy.experiments import branch, ensemble_report, ensemble_result, ensemble_status
+from mx_proxy.experiments import branch, ensemble_report, ensemble_result, ensemble_status, tracking
 from mx_proxy.experiments.executors import UnitsFailed
 from mx_proxy.viz import plots
 from mx_proxy.training.config import Config
@@ -87,7 +88,8 @@ def _run(args) -> int:
             return _status(args)
         spec = _spec(args) or _ens.read_spec(out)
         executor = executor_from_args(args, out / "slurm", jobs=args.jobs)
-        _ens.run(spec, out, group_size=args.group_size, executor=executor, progress=not args.quiet)
+        with tracking.active(tracking_from_args(args, out / "runs", spec.name)):
+            _ens.run(spec, out, group_size=args.group_size, executor=executor, progress=not args.quiet)
         result = ensemble_result.load(out / "results")
         print(ensemble_report.for_folder(out / "results"), end="")
         if args.figures:
@@ -141,6 +143,7 @@ def add_ensemble_command(sub) -> argparse.ArgumentParser:
     p.add_argument("--figures", metavar="DIR", help="also draw the survival and blow-up-rate figures into DIR")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_executor_options(p)
+    add_track_options(p)
     add_config_options(p, [f for f in Config.field_names() if f not in ("diagnostics_every", "checkpoint_every")])
     p.set_defaults(func=_run, parser=p)
     return p
