@@ -4,7 +4,7 @@
         --arms unchanged twin fp32 rceil --members 8 --horizon 1000 --diagnostics-every 5
     mx-proxy ensemble --out DIR --kind seed --arms fp32 paper_e4m3 --members 8 --horizon 7000 --width 256 ...
     mx-proxy ensemble --out DIR              # resume the ensemble saved in DIR
-    mx-proxy ensemble --out DIR --status     # members done / left, hours left at the measured speed
+    mx-proxy ensemble --out DIR --status     # members done / left, hours left; each Slurm unit's job and log
     mx-proxy ensemble --out DIR --executor slurm --slurm-time 4:00:00   # each unit one task of a Slurm array
 
 Every Config field is an option for the ``seed`` and ``data`` kinds (the
@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from mx_proxy.cli.config_options import add_config_options, config_changes
-from mx_proxy.cli.executor_options import add_executor_options, executor_from_args, report_failures
+from mx_proxy.cli.executor_options import add_executor_options, executor_from_args, print_jobs, report_failures
 from mx_proxy.cli.help import cli_message
 from mx_proxy.cli.track_options import add_track_options, tracking_from_args
 from mx_proxy.experiments import ensemble as _ens
@@ -72,12 +72,15 @@ def _has_branch(out) -> bool:
 
 
 def _status(args) -> int:
-    table = ensemble_status.status(args.out)
+    """``--status``: each arm's members done and left, then (``--executor slurm``) each unit's job and log."""
+    units = ensemble_status.jobs(args.out)
+    table = ensemble_status.with_jobs(ensemble_status.status(args.out), units, args.out)
     with pd.option_context("display.width", 200, "display.max_columns", None, "display.float_format", "{:.4g}".format):
         print(table.to_string(index=False))
     left = table["member_steps_left"].sum()
     print(f"{int(table['done'].sum())} members done, {int((table['members'] - table['done']).sum())} left; "
           f"{left} member-steps left, {table['hours_left'].sum():.1f} h at the measured speed in one process")
+    print_jobs(units, "ensemble")
     return 0
 
 

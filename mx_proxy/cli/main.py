@@ -12,7 +12,8 @@ import pandas as pd
 from mx_proxy.cli.bench import BENCHMARKS, describe
 from mx_proxy.cli.config_options import add_config_options, config_from_args
 from mx_proxy.cli.ensemble_command import add_ensemble_command
-from mx_proxy.cli.executor_options import SLURM_FLAGS, add_executor_options, executor_from_args, report_failures
+from mx_proxy.cli.executor_options import (SLURM_FLAGS, add_executor_options, executor_from_args, print_jobs,
+                                           report_failures)
 from mx_proxy.cli.experiment_commands import add_experiment_commands, add_store_options, guard, store_arg
 from mx_proxy.cli.help import cli_message
 from mx_proxy.cli.parser import Parser
@@ -103,21 +104,8 @@ def _campaign_status(args) -> int:
     if len(table) and table["state"].isin(["training", "interrupted"]).any():
         print("(training / interrupted: metrics of the steps before the newest checkpoint, not final results; "
               "s_per_step: its fastest interval between two checkpoints, eta_h the steps left at that speed)")
-    _print_jobs(units)
+    print_jobs(units, "campaign")
     return 0
-
-
-def _print_jobs(jobs: pd.DataFrame) -> None:
-    """The Slurm units of a campaign (job, state, newest checkpoint, log), and each failed one's last log lines."""
-    if not len(jobs):
-        return
-    print("\nSlurm units (rerun the campaign command to resume the unfinished ones from their newest checkpoints):")
-    cols = ["unit", "job", "state", "checkpoint", "stdout"]
-    with pd.option_context("display.width", 250, "display.max_columns", None, "display.max_colwidth", 90):
-        print(jobs[cols].to_string(index=False))
-    for _, row in jobs[jobs["tail"] != ""].iterrows():
-        print(f"\n{row['unit']} (job {row['job']}, {row['state']}): last lines of {row['stderr']}")
-        print("\n".join(f"    | {line}" for line in row["tail"].splitlines()))
 
 
 def _report(args) -> int:
