@@ -172,7 +172,7 @@ def _values(rows: pd.DataFrame):
 class _TensorBoard:
     """Event files in ``where/<label>-<key>/``, one event per step."""
 
-    def __init__(self, spec: Tracking, name: str, key: str, start: int, resumed: bool, config_json: str):
+    def __init__(self, spec: Tracking, name: str, key: str, start: int, config_json: str):
         from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
@@ -246,8 +246,8 @@ class _MLflow:
 
     def log(self, rows: pd.DataFrame) -> None:
         now = int(time.time() * 1000)
-        metrics = [self.Metric(mlflow_key(c), v, now, step) for step, values in _values(rows[rows["step"] > self.skip_upto])
-                   for c, v in values]
+        new = rows[rows["step"] > self.skip_upto]
+        metrics = [self.Metric(mlflow_key(c), v, now, step) for step, values in _values(new) for c, v in values]
         for i in range(0, len(metrics), self._BATCH):  # queued: MLflow writes them in its own thread
             self.ops.append(self.client.log_batch(self.run_id, metrics=metrics[i:i + self._BATCH], synchronous=False))
 
@@ -272,7 +272,7 @@ def open_run(spec: Tracking, config, info: dict, start: int, resumed: bool = Fal
     key = re.sub(r"[^A-Za-z0-9._-]+", "_", str(info.get("key") or config.hash()))
     name = label(config, info)
     if spec.kind == "tensorboard":
-        return _TensorBoard(spec, name, key, start, resumed, json.dumps(config.to_dict(), indent=1, sort_keys=True))
+        return _TensorBoard(spec, name, key, start, json.dumps(config.to_dict(), indent=1, sort_keys=True))
     return _MLflow(spec, name, key, start, resumed, config.to_dict())
 
 
@@ -318,13 +318,15 @@ class _Stream:
         if self.tracker is not None:
             self._safely(lambda: self.tracker.close(outcome, step))
 
-    def _safely(self, fn: Callable[[], None]) -> None:
+    def _safely(self, fn: Callable[[], object]):
+        """``fn()``, or ``None`` and one :class:`TrackingWarning` if it fails (the tracker is then dropped)."""
         try:
-            fn()
+            return fn()
         except Exception as e:  # noqa: BLE001 -- a tracker never stops training
             warnings.warn(f"tracking {self.what}: {type(e).__name__}: {e}; it trains on without streaming",
                           TrackingWarning, stacklevel=4)
             self.tracker = None
+            return None
 
 
 _STACK: list[Tracking] = []
@@ -342,8 +344,7 @@ def _tracked_run_members(group, start, *, on_segment=None, **kwargs):
         resumed = "resumed_from" in m.info
         first = origin(m) if resumed else start
         stream = _Stream(None, first, start, what)
-        stream._safely(lambda m=m, s=stream, f=first, r=resumed: setattr(s, "tracker",
-                                                                         open_run(spec, m.config, m.info, f, r)))
+        stream.tracker = stream._safely(lambda: open_run(spec, m.config, m.info, first, resumed))  # noqa: B023
         streams.append(stream)
 
     def segment(t, runs):

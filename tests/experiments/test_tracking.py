@@ -1,4 +1,4 @@
-"""``--track tensorboard|mlflow``: each run's metrics streamed as it trains, read back and compared with its store entry.
+"""``--track tensorboard|mlflow``: each run's metrics streamed as it trains, read back, compared with its store entry.
 
 Offline: the TensorBoard event files are read with tensorboard's own
 ``EventAccumulator`` (what TensorBoard shows, purges included), the MLflow
