@@ -26,6 +26,8 @@ The public API a notebook sees::
     run.events                                 # promotions and releases; metrics["low_precision_frac"]
 
     panel = mxp.explore(width=64, steps=1000)   # live ipywidgets panel: pick recipes, act, norm, LR…; Train
+    with mxp.track("tensorboard", "runs/tensorboard"):   # or "mlflow": every run trained inside streams its metrics
+        mxp.sweep(cfg, lr=[1e-4, 1e-3])
 
 Every public name is resolved when first used (PEP 562), so ``import mx_proxy.numerics`` stays
 light: no matplotlib, no training code, and JAX's persistent compilation cache is left alone.
@@ -64,11 +66,12 @@ _LAZY = {
     'train': ('mx_proxy.runner.loop', 'train'),
     'with_checkpoint': ('mx_proxy.runner.interventions', 'with_checkpoint'),
     'plots': ('mx_proxy.viz.plots', None),
+    'track': ('mx_proxy.experiments.tracking', 'track'),
 }
 
 __all__ = ['formats', 'recipes', 'Config', 'ElementFormat', 'GNMR', 'explore', 'ensemble', 'load_ensemble', 'Ensemble', 'MITIGATIONS', 'MXSpec', 'NVFP4',
            'QuantStats', 'Recipe', 'Run', 'Sweep', 'intervene', 'load', 'mitigate', 'quantize', 'quantize_stats',
-           'sweep', 'train', 'with_checkpoint', 'plots', '__version__']
+           'sweep', 'train', 'with_checkpoint', 'plots', 'track', '__version__']
 
 
 def __getattr__(name: str):

@@ -4,7 +4,7 @@
         --arms unchanged twin fp32 rceil --members 8 --horizon 1000 --diagnostics-every 5
     mx-proxy ensemble --out DIR --kind seed --arms fp32 paper_e4m3 --members 8 --horizon 7000 --width 256 ...
     mx-proxy ensemble --out DIR              # resume the ensemble saved in DIR
-    mx-proxy ensemble --out DIR --status     # members done / left, hours left at the measured speed
+    mx-proxy ensemble --out DIR --status     # members done / left, hours left; each Slurm unit's job and log
     mx-proxy ensemble --out DIR --executor slurm --slurm-time 4:00:00   # each unit one task of a Slurm array
 
 Every Config field is an option for the ``seed`` and ``data`` kinds (the
@@ -22,10 +22,11 @@ from pathlib import Path
 import pandas as pd
 
 from mx_proxy.cli.config_options import add_config_options, config_changes
-from mx_proxy.cli.executor_options import add_executor_options, executor_from_args, report_failures
+from mx_proxy.cli.executor_options import add_executor_options, executor_from_args, print_jobs, report_failures
 from mx_proxy.cli.help import cli_message
+from mx_proxy.cli.track_options import add_track_options, tracking_from_args
 from mx_proxy.experiments import ensemble as _ens
-from mx_proxy.experiments import branch, ensemble_report, ensemble_result, ensemble_status
+from mx_proxy.experiments import branch, ensemble_report, ensemble_result, ensemble_status, tracking
 from mx_proxy.experiments.executors import UnitsFailed
 from mx_proxy.viz import plots
 from mx_proxy.training.config import Config
@@ -71,12 +72,15 @@ def _has_branch(out) -> bool:
 
 
 def _status(args) -> int:
-    table = ensemble_status.status(args.out)
+    """``--status``: each arm's members done and left, then (``--executor slurm``) each unit's job and log."""
+    units = ensemble_status.jobs(args.out)
+    table = ensemble_status.with_jobs(ensemble_status.status(args.out), units, args.out)
     with pd.option_context("display.width", 200, "display.max_columns", None, "display.float_format", "{:.4g}".format):
         print(table.to_string(index=False))
     left = table["member_steps_left"].sum()
     print(f"{int(table['done'].sum())} members done, {int((table['members'] - table['done']).sum())} left; "
           f"{left} member-steps left, {table['hours_left'].sum():.1f} h at the measured speed in one process")
+    print_jobs(units, "ensemble")
     return 0
 
 
@@ -87,7 +91,8 @@ def _run(args) -> int:
             return _status(args)
         spec = _spec(args) or _ens.read_spec(out)
         executor = executor_from_args(args, out / "slurm", jobs=args.jobs)
-        _ens.run(spec, out, group_size=args.group_size, executor=executor, progress=not args.quiet)
+        with tracking.active(tracking_from_args(args, out / "runs", spec.name)):
+            _ens.run(spec, out, group_size=args.group_size, executor=executor, progress=not args.quiet)
         result = ensemble_result.load(out / "results")
         print(ensemble_report.for_folder(out / "results"), end="")
         if args.figures:
@@ -141,6 +146,7 @@ def add_ensemble_command(sub) -> argparse.ArgumentParser:
     p.add_argument("--figures", metavar="DIR", help="also draw the survival and blow-up-rate figures into DIR")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_executor_options(p)
+    add_track_options(p)
     add_config_options(p, [f for f in Config.field_names() if f not in ("diagnostics_every", "checkpoint_every")])
     p.set_defaults(func=_run, parser=p)
     return p

@@ -13,10 +13,12 @@ import argparse
 import sys
 from pathlib import Path
 
+import pandas as pd
+
 from mx_proxy.experiments import executors
 from mx_proxy.experiments.executors.base import UnitsFailed
 
-__all__ = ["add_executor_options", "executor_from_args", "report_failures", "SLURM_FLAGS"]
+__all__ = ["add_executor_options", "executor_from_args", "report_failures", "print_jobs", "SLURM_FLAGS"]
 
 SLURM_FLAGS = ("slurm_partition", "slurm_time", "slurm_gpus_per_task", "slurm_cpus_per_task",
                "slurm_array_parallelism", "slurm_signal_delay", "slurm_setup", "slurm_option")
@@ -80,3 +82,18 @@ def report_failures(command: str, err: UnitsFailed) -> int:
     """Print the units that did not finish, each with its log's last lines, to stderr; returns exit status 1."""
     print(f"mx-proxy {command}: {err}", file=sys.stderr)
     return 1
+
+
+def print_jobs(jobs: pd.DataFrame, command: str) -> None:
+    """The Slurm units of a campaign or an ensemble (``--status``): one row
+    per unit (its job id, state, newest checkpoint and log), then each failed
+    unit's last log lines; nothing when none was submitted."""
+    if not len(jobs):
+        return
+    print(f"\nSlurm units (rerun the {command} command to resume the unfinished ones from their newest checkpoints):")
+    cols = ["unit", "job", "state", "checkpoint", "stdout"]
+    with pd.option_context("display.width", 250, "display.max_columns", None, "display.max_colwidth", 90):
+        print(jobs[cols].to_string(index=False))
+    for _, row in jobs[jobs["tail"] != ""].iterrows():
+        print(f"\n{row['unit']} (job {row['job']}, {row['state']}): last lines of {row['stderr']}")
+        print("\n".join(f"    | {line}" for line in row["tail"].splitlines()))

@@ -27,7 +27,8 @@ from mx_proxy.cli.config_options import add_config_options, config_changes
 from mx_proxy.cli.executor_options import add_executor_options, executor_from_args, report_failures
 from mx_proxy.cli.help import cli_message
 from mx_proxy.cli.parser import Parser
-from mx_proxy.experiments import parallel
+from mx_proxy.cli.track_options import add_track_options, tracking_from_args
+from mx_proxy.experiments import parallel, tracking
 from mx_proxy.experiments.executors import UnitsFailed
 from mx_proxy.numerics.recipe import MITIGATIONS
 from mx_proxy.runner import interventions, loop as runner
@@ -110,13 +111,15 @@ def _cmd_sweep(args) -> int:
     store = store_arg(args)
     out = check_out(args.out) if args.out else None
     executor = executor_from_args(args, Path(store or ".") / ".slurm", store=store)
+    track = tracking_from_args(args, store or None)
     trained = []
     runner.hooks.append(trained.append)
     try:
-        if executor.name == "slurm":
-            trained += [None] * _submit_sweep(executor, base, axes, store, args.quiet)
-        result = runner.sweep(base, store=store, force=args.force, progress=not args.quiet,
-                              shard=not args.no_shard, **axes)
+        with tracking.active(track):
+            if executor.name == "slurm":
+                trained += [None] * _submit_sweep(executor, base, axes, store, args.quiet)
+            result = runner.sweep(base, store=store, force=args.force, progress=not args.quiet,
+                                  shard=not args.no_shard, **axes)
     except UnitsFailed as err:
         return report_failures("sweep", err)
     except KeyboardInterrupt:
@@ -201,6 +204,7 @@ def add_experiment_commands(subparsers) -> None:
     sw.add_argument("--no-shard", action="store_true", help="do not split members over several JAX devices")
     sw.add_argument("--out", default=None, metavar="FILE", help="write Sweep.to_frame() (.parquet or .csv)")
     add_executor_options(sw)
+    add_track_options(sw)
     sw.set_defaults(func=guard(_cmd_sweep))
 
     iv = subparsers.add_parser(

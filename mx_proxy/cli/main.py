@@ -12,11 +12,13 @@ import pandas as pd
 from mx_proxy.cli.bench import BENCHMARKS, describe
 from mx_proxy.cli.config_options import add_config_options, config_from_args
 from mx_proxy.cli.ensemble_command import add_ensemble_command
-from mx_proxy.cli.executor_options import SLURM_FLAGS, add_executor_options, executor_from_args, report_failures
+from mx_proxy.cli.executor_options import (SLURM_FLAGS, add_executor_options, executor_from_args, print_jobs,
+                                           report_failures)
 from mx_proxy.cli.experiment_commands import add_experiment_commands, add_store_options, guard, store_arg
 from mx_proxy.cli.help import cli_message
 from mx_proxy.cli.parser import Parser
-from mx_proxy.experiments import campaign, campaign_status, report, scales
+from mx_proxy.cli.track_options import add_track_options, tracking_from_args
+from mx_proxy.experiments import campaign, campaign_status, report, scales, tracking
 from mx_proxy.experiments.executors import UnitsFailed
 from mx_proxy.runner import loop as runner
 from mx_proxy.viz.figures import FIGURE_DOCS, FIGURES, campaign_figures, default_dir, generate
@@ -33,7 +35,9 @@ def _bench(args) -> int:
 def _train(args) -> int:
     cfg = config_from_args(args.parser, args)
     store = store_arg(args)
-    run = runner.train(cfg, store=store if store is not False else None, force=args.force, progress=not args.quiet)
+    with tracking.active(tracking_from_args(args, store or None)):
+        run = runner.train(cfg, store=store if store is not False else None, force=args.force,
+                           progress=not args.quiet)
     print(f"{run.summary()}" + (f" -> {run.path}" if run.path else ""))
     return 0
 
@@ -43,8 +47,9 @@ def _figures(args) -> int:
         store = store_arg(args)
         executor = None if args.executor == "local" and not any(getattr(args, f, None) for f in SLURM_FLAGS) else \
             executor_from_args(args, os.path.join(store or ".", ".slurm"), store=store)
-        written = generate(args.only, scale=args.scale, out=args.out, store=store or None, results=args.results,
-                           pdf=args.pdf, jobs=args.jobs, progress=not args.quiet, executor=executor)
+        with tracking.active(tracking_from_args(args, store or None, f"figures-{args.scale}")):
+            written = generate(args.only, scale=args.scale, out=args.out, store=store or None, results=args.results,
+                               pdf=args.pdf, jobs=args.jobs, progress=not args.quiet, executor=executor)
     except ValueError as err:
         args.parser.error(cli_message(str(err)))
     except UnitsFailed as err:
@@ -60,9 +65,12 @@ def _campaign(args) -> int:
         return _campaign_status(args)
     try:
         executor = executor_from_args(args, os.path.join(args.out, "slurm"), store=not args.no_store)
-        index = campaign.run(args.scale, args.out, kinds=args.only or campaign.KINDS, widths=args.widths,
-                             seeds=args.seeds, progress=not args.quiet, store=not args.no_store, estimate=args.estimate,
-                             executor=executor)
+        track = tracking_from_args(args, None if args.no_store else os.path.join(args.out, "runs"),
+                                   f"campaign-{args.scale}")
+        with tracking.active(track):
+            index = campaign.run(args.scale, args.out, kinds=args.only or campaign.KINDS, widths=args.widths,
+                                 seeds=args.seeds, progress=not args.quiet, store=not args.no_store,
+                                 estimate=args.estimate, executor=executor)
     except ValueError as err:
         args.parser.error(cli_message(str(err)))
     except UnitsFailed as err:
@@ -96,21 +104,8 @@ def _campaign_status(args) -> int:
     if len(table) and table["state"].isin(["training", "interrupted"]).any():
         print("(training / interrupted: metrics of the steps before the newest checkpoint, not final results; "
               "s_per_step: its fastest interval between two checkpoints, eta_h the steps left at that speed)")
-    _print_jobs(units)
+    print_jobs(units, "campaign")
     return 0
-
-
-def _print_jobs(jobs: pd.DataFrame) -> None:
-    """The Slurm units of a campaign (job, state, newest checkpoint, log), and each failed one's last log lines."""
-    if not len(jobs):
-        return
-    print("\nSlurm units (rerun the campaign command to resume the unfinished ones from their newest checkpoints):")
-    cols = ["unit", "job", "state", "checkpoint", "stdout"]
-    with pd.option_context("display.width", 250, "display.max_columns", None, "display.max_colwidth", 90):
-        print(jobs[cols].to_string(index=False))
-    for _, row in jobs[jobs["tail"] != ""].iterrows():
-        print(f"\n{row['unit']} (job {row['job']}, {row['state']}): last lines of {row['stderr']}")
-        print("\n".join(f"    | {line}" for line in row["tail"].splitlines()))
 
 
 def _report(args) -> int:
@@ -146,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train one run into the run store (config.json, metrics.parquet, ...)")
     add_config_options(train)
     add_store_options(train, aliases=("--store", "--out"))
+    add_track_options(train)
     train.set_defaults(func=guard(_train), parser=train)
 
     camp = sub.add_parser("campaign", help="run the paper's headline experiments at a scale (Figs. 2, 4, 5, 7)")
@@ -166,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     camp.add_argument("--no-store", action="store_true",
                       help="keep the runs in memory (no OUT/runs: nothing to resume from); results are still written")
     add_executor_options(camp)
+    add_track_options(camp)
     camp.set_defaults(func=guard(_campaign), parser=camp)
     add_ensemble_command(sub)
 
@@ -207,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     figures.add_argument("--quiet", action="store_true", help="no progress bar")
     add_store_options(figures, train=False, default=str(default_dir("runs")))
     add_executor_options(figures)
+    add_track_options(figures)
     figures.set_defaults(func=_figures, parser=figures)
     return parser
 

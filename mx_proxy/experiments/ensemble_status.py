@@ -7,6 +7,13 @@ left, the measured seconds per member-step (a checkpoint's ``wall_time_s``,
 summed over a resumed member's stretches, over the steps it covers; the
 median over members, per model, a member trained beside its FP32 twin
 counting two) and the hours left at that speed in one process.
+
+An ensemble run with ``--executor slurm`` also has its units' jobs
+(:func:`jobs`: per unit its Slurm job id and state, the step of its newest
+checkpoint, its log files and, for a failed one, the log's last lines), and
+:func:`with_jobs` adds each arm's jobs to the table: a training folder left
+on another node cannot be judged alive from its name, so an arm none of
+whose jobs is pending or running is ``interrupted``, not ``training``.
 """
 
 from __future__ import annotations
@@ -16,11 +23,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mx_proxy.experiments import campaign_status
 from mx_proxy.experiments import ensemble as _ens
 from mx_proxy.store import checkpoint as ckpt
 from mx_proxy.store import durable
 
-__all__ = ["status"]
+__all__ = ["status", "jobs", "with_jobs"]
 
 
 def _member_progress(root: Path, key: str, start: int) -> tuple[str, int, float | None]:
@@ -73,3 +81,37 @@ def status(out) -> pd.DataFrame:
     df["s_per_member_step"] = df["models"] * rate
     df["hours_left"] = df["member_steps_left"] * df["s_per_member_step"] / 3600.0
     return df.drop(columns="models")
+
+
+def jobs(out) -> pd.DataFrame:
+    """One row per unit of the ensemble in ``out`` submitted to Slurm (none
+    otherwise): ``unit``, ``labels`` (its members), ``job``, ``state``
+    (``done``, ``pending``, ``running``, ``requeued`` or ``failed (STATE)``),
+    ``checkpoint``, ``stdout``, ``stderr``, ``tail``. An ensemble's folder is
+    laid out as a campaign's (``OUT/slurm``, ``OUT/runs``), so this is
+    :func:`mx_proxy.experiments.campaign_status.jobs`."""
+    return campaign_status.jobs(Path(out).expanduser())
+
+
+_ACTIVE = ("pending", "running", "requeued")
+
+
+def with_jobs(table: pd.DataFrame, units: pd.DataFrame, out) -> pd.DataFrame:
+    """``table`` (:func:`status`) with each arm's Slurm ``jobs`` (``id state``
+    per unit, newest submission) from ``units`` (:func:`jobs`); an arm
+    ``training`` none of whose jobs may still run becomes ``interrupted``."""
+    if not len(units):
+        return table
+    spec = _ens.read_spec(Path(out).expanduser())
+    arm_of = {_ens.member_label(arm, i): arm for arm in spec.trained_arms() for i in range(spec.members)}
+    per_arm: dict[str, list] = {}
+    for u in units.itertuples():
+        for arm in dict.fromkeys(arm_of[label] for label in u.labels if label in arm_of):
+            per_arm.setdefault(arm, []).append((u.job, u.state))
+    table = table.copy()
+    table["jobs"] = [", ".join(f"{job} {state}" for job, state in per_arm.get(arm, [])) for arm in table["arm"]]
+    for i, arm in enumerate(table["arm"]):
+        states = table.at[i, "state"].split("/")
+        if "training" in states and not any(state in _ACTIVE for _, state in per_arm.get(arm, [])):
+            table.at[i, "state"] = "/".join(sorted({"interrupted" if s == "training" else s for s in states}))
+    return table

@@ -33,6 +33,7 @@ import traceback
 
 from tqdm.auto import tqdm
 
+from mx_proxy.experiments import tracking
 from mx_proxy.runner import interrupt
 from mx_proxy.runner import loop as runner
 from mx_proxy.store import run_store as _store
@@ -131,25 +132,26 @@ class _Bar:
         return False
 
 
-def _worker(tasks, out, store):
+def _worker(tasks, out, store, track=None):
     # Ctrl-C / Kernel → Interrupt reach the whole process group: the parent alone decides, and asks a worker to
     # stop with SIGUSR1 (the host loop then checkpoints at the end of its segment and raises Stopped)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, lambda signum, frame: runner.stop.set())
     try:
-        while True:
-            item = tasks.get()
-            if item is None or runner.stop.is_set():
-                return
-            uid, fn, args = item
-            out.put(("start", uid, 0, time.time()))
-            runner.tqdm = lambda *a, **k: _Bar(out, uid)  # the host loop reports every segment through its bar
-            try:
-                fn(*args, store=store, progress=True)
-            except runner.Stopped as e:
-                out.put(("stopped", uid, e.step, time.time()))
-                return
-            out.put(("done", uid, 0, time.time()))
+        with tracking.active(track):  # the submitting process's --track, if any
+            while True:
+                item = tasks.get()
+                if item is None or runner.stop.is_set():
+                    return
+                uid, fn, args = item
+                out.put(("start", uid, 0, time.time()))
+                runner.tqdm = lambda *a, **k: _Bar(out, uid)  # the host loop reports every segment through its bar
+                try:
+                    fn(*args, store=store, progress=True)
+                except runner.Stopped as e:
+                    out.put(("stopped", uid, e.step, time.time()))
+                    return
+                out.put(("done", uid, 0, time.time()))
     except KeyboardInterrupt:
         return
     except BaseException:  # noqa: BLE001 -- reported to the parent, which raises it
@@ -190,7 +192,8 @@ def train_all(units: list, store, *, jobs: int, progress: bool = True, log=print
     """Train ``units`` (:class:`Unit` s, or any unit of work) into ``store``
     with ``jobs`` worker processes; returns the wall time. ``on_start(unit,
     None)`` and ``on_done(unit, None)`` are called here as a worker starts
-    and finishes each."""
+    and finishes each. The workers stream their runs to this process's active
+    tracking (:func:`mx_proxy.experiments.tracking.current`), if any."""
     t0 = time.time()
     if not units:
         return 0.0
@@ -200,7 +203,8 @@ def train_all(units: list, store, *, jobs: int, progress: bool = True, log=print
         tasks.put((uid, u.fn, u.args))
     for _ in range(jobs):
         tasks.put(None)
-    procs = [ctx.Process(target=_worker, args=(tasks, out, str(store)), daemon=True) for _ in range(jobs)]
+    procs = [ctx.Process(target=_worker, args=(tasks, out, str(store), tracking.current()), daemon=True)
+             for _ in range(jobs)]
     for p in procs:
         p.start()
     log(f"training {sum(len(u.keys) for u in units)} runs ({len(units)} compiled programs) in {jobs} "

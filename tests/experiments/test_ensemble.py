@@ -210,3 +210,23 @@ def test_an_ensemble_extends_with_arms_and_members_without_retraining(trained, p
     assert sorted((c.recipe.name, c.adam_eps, c.data_seed) for c in log) == sorted(
         [("paper_e4m3", 1e-15, s) for s in range(1, 6)] + [("paper_e4m3", 1e-8, 5), ("fp32", 1e-8, 5)])
     pd.testing.assert_frame_equal(again["fp32"][0].metrics, runs["fp32"][0].metrics)
+
+
+def test_status_names_each_arms_slurm_jobs_and_an_arm_whose_jobs_ended_is_interrupted(tmp_path):
+    """The per-arm table joined with the units' jobs (as ``ensemble_status.jobs`` reads them from the submission
+    record and ``sacct``): a training folder on another node cannot be judged alive by its name, its job can."""
+    base = mxp.Config(width=16, depth=2, batch=32, steps=20, lr=3e-3, diagnostics_every=5)
+    spec = E.Ensemble("s", "seed", base, ("fp32", "mxfp8_e4m3"), 4, 20)
+    E.prepare(spec, tmp_path)
+    table = ensemble_status.status(tmp_path)
+    table.loc[:, "state"] = "training"  # what a training folder of a live-looking (another host's) process says
+    units = pd.DataFrame({"unit": ["s: fp32 m00-m01", "s: fp32 m02-m03", "s: mxfp8_e4m3 m00-m01"],
+                          "labels": [["fp32-m00", "fp32-m01"], ["fp32-m02", "fp32-m03"],
+                                     ["mxfp8_e4m3-m00", "mxfp8_e4m3-m01"]],
+                          "job": ["7_0", "7_1", "7_2"], "state": ["running", "failed (CANCELLED)", "failed (FAILED)"]})
+    joined = ensemble_status.with_jobs(table, units, tmp_path).set_index("arm")
+    assert joined.loc["fp32", "jobs"] == "7_0 running, 7_1 failed (CANCELLED)"
+    assert joined.loc["fp32", "state"] == "training"
+    assert joined.loc["mxfp8_e4m3", "jobs"] == "7_2 failed (FAILED)"
+    assert joined.loc["mxfp8_e4m3", "state"] == "interrupted"
+    assert ensemble_status.with_jobs(table, units.iloc[:0], tmp_path) is table  # not submitted to Slurm: unchanged

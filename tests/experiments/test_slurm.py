@@ -6,7 +6,10 @@ brings it up for these tests and stops it afterwards). Skipped, with the reason,
 - a job preempted (SIGUSR2: checkpoint, requeue, continue) and then cancelled mid-run (``scancel``: checkpoint,
   exit), the command rerun: it resumes from the checkpoint and ends equal to an uninterrupted run;
 - a failing unit (a config too big for the node) is reported with its log's last lines and blocks no other;
-- a rerun after the submitting process died attaches to the job still running instead of submitting another.
+- a rerun after the submitting process died attaches to the job still running instead of submitting another;
+- a tiny ensemble as an array job (one task per arm) exports members equal to the local executor's bit for bit,
+  its jobs stream their metrics to TensorBoard (``--track``) equal to the stored runs', and ``ensemble --status``
+  names each unit's job and log.
 """
 
 import dataclasses
@@ -24,7 +27,7 @@ import pytest
 
 import mx_proxy as mxp
 from mx_proxy.cli.main import main
-from mx_proxy.experiments import campaign, executors, scales
+from mx_proxy.experiments import campaign, ensemble_status, executors, scales, tracking
 from mx_proxy.experiments.executors import slurm as _slurm
 from mx_proxy.store import checkpoint as ckpt
 
@@ -181,3 +184,52 @@ def test_a_rerun_after_the_submitter_died_attaches_to_the_running_job(cluster, t
     code, out, err = _main(capsys, *argv)
     assert code == 0, err[-3000:]
     assert f"attached to 1 job(s) still pending or running: {job}" in out and "submitted" not in out
+
+
+ENSEMBLE = ["ensemble", "--kind", "seed", "--arms", "fp32", "mxfp8_e4m3", "--members", "2", "--horizon", "20",
+            "--width", "16", "--depth", "2", "--batch", "32", "--diagnostics-every", "5", "--checkpoint-every", "10",
+            "--quiet"]
+
+
+def test_an_ensemble_as_an_array_job_equals_the_local_executors_bit_for_bit_and_streams(cluster, tmp_path, capsys):
+    local, remote = tmp_path / "local", tmp_path / "slurm"
+    code, _, err = _main(capsys, *ENSEMBLE, "--out", local)  # compiles: the jobs reuse the cache
+    assert code == 0, err[-3000:]
+    try:
+        tracking.check_installed("tensorboard")
+        track = ["--track", "tensorboard"]
+    except tracking.TrackingUnavailable:  # the comparison stands without it
+        track = []
+    code, out, err = _main(capsys, *ENSEMBLE, "--out", remote, "--executor", "slurm", *track)
+    assert code == 0, err[-3000:]
+    assert "submitted 2 unit(s) as Slurm array job" in out  # one unit per arm
+    labels = sorted(p.parent.name for p in (local / "results").glob("*/run.json"))
+    assert labels == ["fp32-m00", "fp32-m01", "mxfp8_e4m3-m00", "mxfp8_e4m3-m01"]
+    assert sorted(p.parent.name for p in (remote / "results").glob("*/run.json")) == labels
+    for label in labels:
+        a, b = local / "results" / label, remote / "results" / label
+        _same_metrics(pd.read_parquet(a / "metrics.parquet"), pd.read_parquet(b / "metrics.parquet"))
+        assert (a / "config.json").read_text() == (b / "config.json").read_text()
+        assert json.loads((b / "run.json").read_text())["diverged_at"] == \
+            json.loads((a / "run.json").read_text())["diverged_at"]
+    if track:  # streamed from the jobs, into the run store's folder on the shared filesystem
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        for entry in (remote / "runs").glob("*/run.json"):
+            run = mxp.load(entry.parent)
+            (folder,) = (remote / "runs" / "tensorboard").glob(f"*/*-{run.info['key']}")
+            events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+            events.Reload()
+            columns = [c for c in run.metrics.columns if c != "step" and run.metrics[c].notna().any()]
+            assert sorted(events.Tags()["scalars"]) == sorted(columns)
+            for column in columns:
+                want = run.metrics[["step", column]].dropna()
+                got = events.Scalars(column)
+                assert [e.step for e in got] == want["step"].tolist(), column
+                assert np.array_equal(np.float32([e.value for e in got]), want[column].to_numpy(np.float32)), column
+    code, status, err = _main(capsys, "ensemble", "--out", remote, "--status")
+    assert code == 0, err
+    units = ensemble_status.jobs(remote)
+    assert len(units) == 2 and set(units["state"]) == {"done"}
+    for u in units.itertuples():
+        assert u.job in status and u.stdout in status

@@ -16,7 +16,10 @@
   (:class:`submitit.helpers.Checkpointable`; the requeued job resumes from
   that checkpoint, bit for bit); after ``SIGTERM`` it exits without a result
   (the scheduler's state says what happened, and a rerun of the command
-  resumes the unit).
+  resumes the unit);
+- streams its runs' metrics to the tracking that was active where it was
+  submitted (``--track``: :mod:`mx_proxy.experiments.tracking`), into the
+  same folder on the shared filesystem.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import time
 
 import submitit
 
+from mx_proxy.experiments import tracking
 from mx_proxy.experiments.executors.base import newest_checkpoint
 from mx_proxy.runner import loop as runner
 from mx_proxy.store import run_store as _store
@@ -99,8 +103,10 @@ class UnitJob(submitit.helpers.Checkpointable):
     """``fn(*args, store=store, progress=False)`` in a Slurm job (see the
     module docstring); returns a small summary (the runs are in the store)."""
 
-    def __init__(self, name: str, fn, args: tuple, store: str, keys: tuple[str, ...]):
+    def __init__(self, name: str, fn, args: tuple, store: str, keys: tuple[str, ...],
+                 track: "tracking.Tracking | None" = None):
         self.name, self.fn, self.args, self.store, self.keys = name, fn, tuple(args), str(store), tuple(keys)
+        self.track = track
 
     def __call__(self) -> dict:
         cpus = limit_cpus()
@@ -118,10 +124,12 @@ class UnitJob(submitit.helpers.Checkpointable):
         resume = newest_checkpoint(self.store, self.keys)
         _say(f"unit {self.name}: {len(self.keys)} run(s) into {self.store} on {socket.gethostname()}"
              + (f", CPUs {sorted(cpus)}" if cpus else "")
-             + (f"; resuming from the checkpoint at step {resume}" if resume is not None else ""))
+             + (f"; resuming from the checkpoint at step {resume}" if resume is not None else "")
+             + (f"; streaming metrics to {self.track.kind} in {self.track.where}" if self.track else ""))
         t0 = time.time()
         try:
-            self.fn(*self.args, store=self.store, progress=False)
+            with tracking.active(self.track):
+                self.fn(*self.args, store=self.store, progress=False)
         except runner.Stopped as e:
             _say(f"unit {self.name}: {e}")
             self._leave(received[-1] if received else signal.SIGTERM, handlers)

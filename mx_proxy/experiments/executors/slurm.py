@@ -35,6 +35,7 @@ from typing import Callable, Sequence
 import submitit
 from submitit.slurm.slurm import SlurmInfoWatcher
 
+from mx_proxy.experiments import tracking
 from mx_proxy.experiments.executors.base import Failure, OnUnit, WorkUnit, newest_checkpoint, stored
 from mx_proxy.experiments.executors.job import UnitJob
 from mx_proxy.experiments.executors.options import SlurmOptions
@@ -194,7 +195,8 @@ class SlurmExecutor:
         ex = submitit.SlurmExecutor(folder=self.folder / "%j", max_num_timeout=self.options.max_requeues)
         ex.update_parameters(**self.options.parameters())
         with ex.batch():
-            submitted = [ex.submit(UnitJob(u.name, u.fn, u.args, store, tuple(u.keys))) for u in units]
+            track = tracking.current()  # the jobs stream where this process would (--track)
+            submitted = [ex.submit(UnitJob(u.name, u.fn, u.args, store, tuple(u.keys), track)) for u in units]
         record = read_record(self.folder)
         now = time.strftime("%Y-%m-%dT%H:%M:%S")
         for unit, job in zip(units, submitted):
