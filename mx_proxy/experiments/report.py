@@ -162,7 +162,7 @@ def markdown(runs: list[Run], source: str | None = None) -> str:
              f"{', '.join(map(str, seeds))}; each MX run trained with its FP32 run alongside"
              + (f" ({source})" if source else "") + ":", ""]
     lines += ["| run | diverged / blew up | loss vs FP32, last 100 steps | same-point ‖ζ‖ median / max | paper's ζ median / max "
-              "| LN gains clamped, max | LN gain means, last 250 steps (in [0.875, 1)) | first block all clamped: "
+              "| LN gains clamped, max | LN gain means, last 250 stable steps (in [0.875, 1)) | first block all clamped: "
               "> ½ / all from step |", "|---|---|---|---|---|---|---|---|"]
     facts = []
     for r in main:

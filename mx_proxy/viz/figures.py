@@ -84,9 +84,10 @@ def _headline_zeta(results):
     scale, runs = results
     w, paired = _largest_width([r for r in runs if r.info["kind"] == "paired"])
     controls = [r for r in runs if r.info["kind"] == "control" and r.config.width == w]
+    against = "its controls" if controls else "(no control run at this width)"
     return plots.paper_metric(paired, controls, title=f"Fig. 4 at the {scale} scale: width {w}, {_describe(paired)}, "
                                                       f"LR {paired[0].config.lr:g}\nthe paper's ζ against the "
-                                                      f"paired FP32 run, its controls, and the same-point bound")
+                                                      f"paired FP32 run, {against}, and the same-point bound")
 
 
 def _headline_ln_clamping(results):

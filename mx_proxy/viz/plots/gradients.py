@@ -257,7 +257,7 @@ def interventions(parent, children, labels=None, smooth: int | None = None, titl
     the parent is the 0 line: on a log axis every curve coincides, the
     difference is the information; where the parent blows up after the step,
     :func:`~mx_proxy.experiments.analysis.unstable_after`, the losses
-    themselves on a log axis), bottom: the ‖ζ‖ bound of the parent and of
+    themselves on a log axis, unsmoothed, so every blow-up shows), bottom: the ‖ζ‖ bound of the parent and of
     each child after the step (a grey line marks it). One legend, below the
     panels."""
     children = list(children)
@@ -281,8 +281,8 @@ def interventions(parent, children, labels=None, smooth: int | None = None, titl
         absolute = onset is not None
         if absolute:
             plabel = f"{pname} (no change, blew up at step {onset})"
-            keep = pxs >= at - 300
-            a_loss.plot(pxs[keep], pys[keep], color=pc, lw=1.6, label=plabel)
+            keep = px >= at - 300  # unsmoothed: a trailing mean would spread a blow-up over its window
+            a_loss.plot(px[keep], py[keep], color=pc, lw=1.6, label=plabel)
             a_loss.set_yscale("log")
             ends = [int(c.metrics["step"].iloc[-1]) for c, (cat, _) in zip(children, info) if cat == at]
             a_loss.set_xlim(at - 300, max(ends + [onset]) + 100)  # the children's horizon
@@ -303,7 +303,7 @@ def interventions(parent, children, labels=None, smooth: int | None = None, titl
             used.add(col)
             x, y = _series(c, "loss")
             keep = x >= (at or 0)
-            ys = _smooth(y[keep], smooth)
+            ys = y[keep] if absolute else _smooth(y[keep], smooth)
             xs = x[keep][len(x[keep]) - len(ys):]
             ref = np.array([by_step.get(int(t), np.nan) for t in xs])
             xz, yz = _series(c, "zeta_bound")
@@ -318,7 +318,7 @@ def interventions(parent, children, labels=None, smooth: int | None = None, titl
             if at is not None:
                 ax.axvline(at, color="0.6", lw=1)
         a_loss.set_title(f"intervention at step {at}" if at is not None else "interventions", fontsize=10)
-        a_loss.set_ylabel(("training loss" if absolute else f"loss relative to {pname} [%]")
+        a_loss.set_ylabel("training loss (every step)" if absolute else f"loss relative to {pname} [%]"
                           + (f"\n({smooth}-step means)" if smooth > 1 else ""))
         _zeta_axis(a_zeta)
         a_zeta.set_xlabel("step")
