@@ -28,6 +28,7 @@ from mx_proxy.cli.track_options import add_track_options, tracking_from_args
 from mx_proxy.experiments import ensemble as _ens
 from mx_proxy.experiments import branch, ensemble_report, ensemble_result, ensemble_status, tracking
 from mx_proxy.experiments.executors import UnitsFailed
+from mx_proxy.store import durable
 from mx_proxy.viz import plots
 from mx_proxy.training.config import Config
 
@@ -99,7 +100,9 @@ def _run(args) -> int:
             Path(args.figures).mkdir(parents=True, exist_ok=True)
             for name, fn in (("survival", plots.survival), ("blowup_rates", plots.blowup_rates)):
                 path = Path(args.figures) / f"{spec.name}_{name}.png"
-                fn(result).savefig(path, dpi=130)
+                fig = fn(result)
+                durable.write_output(path, lambda p, fig=fig: fig.savefig(p, dpi=130, format="png"),
+                                     elsewhere=f"the results are in {out / 'results'}")
                 print(f"figure: {path}")
     except UnitsFailed as err:
         return report_failures("ensemble", err)

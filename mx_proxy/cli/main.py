@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_store_options(figures, train=False, default=str(default_dir("runs")))
     add_executor_options(figures)
     add_track_options(figures)
-    figures.set_defaults(func=_figures, parser=figures)
+    figures.set_defaults(func=guard(_figures), parser=figures)
     return parser
 
 

@@ -51,9 +51,10 @@ import pandas as pd
 
 from mx_proxy.experiments import branch as _branch
 from mx_proxy.experiments import campaign, executors
+from mx_proxy.experiments.executors.local import MAX_JOBS
 from mx_proxy.experiments.ensemble_spec import (CONTROL, HISTORY, HISTORY_FILE, KINDS, SPEC_FILE, TWIN, Ensemble,
                                                 arm_names, default_out, extends, member_key, member_label,
-                                                positive_int, read_spec, write_spec)
+                                                MAX_MEMBERS, positive_int, read_spec, write_spec)
 from mx_proxy.numerics import recipe_json
 from mx_proxy.numerics.recipe import MITIGATIONS
 from mx_proxy.runner import interventions, loop as runner
@@ -225,7 +226,7 @@ def units(spec: Ensemble, group_size: int | None = None) -> list[tuple[str, tupl
     members each (default: a whole arm), ordered member chunk first, so that
     every arm has its first members before any has its last (partial results
     are balanced across arms)."""
-    size = spec.members if group_size is None else positive_int("group_size", group_size)
+    size = spec.members if group_size is None else positive_int("group_size", group_size, 1, MAX_MEMBERS)
     chunks = [tuple(range(i, min(i + size, spec.members))) for i in range(0, spec.members, size)]
     return [(arm, chunk) for chunk in chunks for arm in spec.trained_arms()]
 
@@ -298,7 +299,9 @@ def run(spec: Ensemble, out, *, source=None, jobs: int = 1, group_size: int | No
     of the trained arms (``upto``: members 0 … upto−1 only, in units of at
     most ``group_size``, which should divide it); units that did not finish raise
     :class:`~mx_proxy.experiments.executors.UnitsFailed` after the others are exported."""
-    jobs = positive_int("jobs", jobs)
+    jobs = positive_int("jobs", jobs, 1, MAX_JOBS)
+    if group_size is not None:
+        positive_int("group_size", group_size, 1, MAX_MEMBERS)
     out = prepare(spec, out, source)
     executor = executor if executor is not None else executors.make("local", jobs=jobs)
     t0 = time.time()

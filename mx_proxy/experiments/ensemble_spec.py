@@ -20,7 +20,7 @@ from mx_proxy.numerics import recipe as _recipes
 from mx_proxy.numerics.recipe_type import Recipe
 from mx_proxy.store import durable
 from mx_proxy.store import run_store as _store
-from mx_proxy.training.config import INTERVENABLE_FIELDS, SEED_LIMIT, Config
+from mx_proxy.training.config import BOUNDS, INTERVENABLE_FIELDS, SEED_LIMIT, Config
 
 __all__ = ["Ensemble", "KINDS", "CONTROL", "TWIN", "HISTORY", "SPEC_FILE", "HISTORY_FILE", "arm_names",
            "member_label", "member_key", "read_spec", "write_spec", "extends", "arm_changes", "default_out", "positive_int"]
@@ -57,9 +57,15 @@ def arm_changes(arm: str) -> dict:
     return {field: text}
 
 
-def positive_int(name: str, v, minimum: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {v!r}")
+MAX_MEMBERS = 100_000  # members per arm, at most
+
+
+def positive_int(name: str, v, minimum: int = 1, maximum: int | None = None) -> int:
+    """``v`` as an int in [minimum, maximum] (no maximum: unbounded), else a ValueError naming the range."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum \
+            or (maximum is not None and v > maximum):
+        within = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
+        raise ValueError(f"{name} must be an integer {within}, got {v!r}")
     return int(v)
 
 
@@ -113,17 +119,19 @@ class Ensemble:
         for a in arms:
             if a not in valid and "=" not in a:
                 raise ValueError(f"unknown arm {a!r}; valid: {', '.join(valid)}, or FIELD=VALUE (e.g. adam_eps=1e-15)")
-        positive_int("members", self.members)
-        positive_int("horizon", self.horizon)
-        positive_int("checkpoint_every", self.checkpoint_every)
+        positive_int("members", self.members, 1, MAX_MEMBERS)
+        positive_int("horizon", self.horizon, 1, BOUNDS["steps"][1])
+        positive_int("checkpoint_every", self.checkpoint_every, 1, BOUNDS["checkpoint_every"][1])
+        if self.diagnostics_every is not None:
+            positive_int("diagnostics_every", self.diagnostics_every, *BOUNDS["diagnostics_every"])
         if not isinstance(self.epsilon, (int, float)) or isinstance(self.epsilon, bool) \
                 or not math.isfinite(self.epsilon) or self.epsilon < 0:
             raise ValueError(f"epsilon must be a finite number >= 0, got {self.epsilon!r}")
-        positive_int("first_seed", self.first_seed, 0)
+        positive_int("first_seed", self.first_seed, 0, SEED_LIMIT - 1)
         if self.first_seed + self.members > SEED_LIMIT:
             raise ValueError(f"first_seed + members must stay below {SEED_LIMIT} (seeds are JAX PRNG seeds)")
         if self.kind == "branch":
-            positive_int("branch_at", self.branch_at)
+            positive_int("branch_at", self.branch_at, 1, BOUNDS["steps"][1])
         elif self.branch_at is not None or self.epsilon:
             raise ValueError(f"branch_at and epsilon belong to a branch ensemble, not a {self.kind!r} one")
         if TWIN in arms and (self.kind != "branch" or not self.base.has_paired_run or CONTROL not in arms):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from mx_proxy.experiments import beyond, campaign, executors, paper, parallel
+from mx_proxy.experiments.executors.local import MAX_JOBS
 from mx_proxy.experiments import scales as _scales
 from mx_proxy.store import durable
 from mx_proxy.viz import plots
@@ -29,7 +30,6 @@ __all__ = ["FIGURES", "FIGURE_DOCS", "TRAINED", "HEADLINE", "SCALES", "generate"
            "campaign_figures", "default_dir", "RESULTS_ROOT"]
 
 RESULTS_ROOT = "results"
-MAX_JOBS = 64  # worker processes of the run prefetch, at most
 
 SCALES = _scales.names()
 

@@ -141,7 +141,7 @@ def test_cli_resumes_the_saved_spec_and_refuses_another(trained, parent, tmp_pat
     (dict(arms=("unchanged", "bogus")), "unknown arm 'bogus'; valid: unchanged, twin, fp32"),
     (dict(arms=("fp32", "twin")), "the 'twin' arm"),
     (dict(kind="nope"), "unknown ensemble kind 'nope'; valid: seed, data, branch"),
-    (dict(members=0), "members must be an integer >= 1, got 0"),
+    (dict(members=0), r"members must be an integer in \[1, 100000\], got 0"),
     (dict(epsilon=-1.0), "epsilon must be a finite number >= 0"),
     (dict(kind="seed"), "branch_at and epsilon belong to a branch ensemble"),
     (dict(checkpoint_every=7), r"checkpoint_every \(7\) must be a multiple of diagnostics_every \(5\)"),

@@ -19,14 +19,17 @@ from mx_proxy.experiments.executors.base import Failure, OnUnit, WorkUnit
 __all__ = ["LocalExecutor"]
 
 
+MAX_JOBS = 64  # local worker processes, at most
+
+
 class LocalExecutor:
     """Units in this process (``jobs=1``) or in ``jobs`` local worker processes."""
 
     name = "local"
 
     def __init__(self, jobs: int = 1):
-        if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-            raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
+        if isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= MAX_JOBS:
+            raise ValueError(f"jobs must be an integer in [1, {MAX_JOBS}], got {jobs!r}")
         self.jobs = jobs
 
     @property
