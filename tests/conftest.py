@@ -6,6 +6,7 @@ again for its kernels, which must use their own inline backend."""
 
 import gc
 import os
+import signal
 import subprocess
 import sys
 
@@ -18,6 +19,15 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # (the modules' own settings say so too; this covers any new one).
 settings.register_profile("proxy", deadline=None)
 settings.load_profile("proxy")
+
+
+@pytest.fixture
+def sigint_raises():
+    """SIGINT raises KeyboardInterrupt for the test, as in a terminal or a Jupyter kernel, also where the suite was
+    started in the background of a non-interactive shell (which starts it with SIGINT ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture

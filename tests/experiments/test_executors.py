@@ -60,7 +60,7 @@ def test_slurm_options_become_submitit_parameters():
         executors.parse_extra(["x y"])
     with pytest.raises(ValueError, match="unknown executor 'pbs'; valid: local, slurm"):
         executors.make("pbs")
-    with pytest.raises(ValueError, match="jobs must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match=r"jobs must be an integer in \[1, 64\], got 0"):
         executors.make("local", jobs=0)
 
 

@@ -56,6 +56,7 @@ def test_figures_default_outside_the_checkout_and_refuse_bad_jobs(tmp_path, monk
     assert generate(["sawtooth"], log=lambda *_: None) == [str(tmp_path / "proxy" / "figures" / "sawtooth.png")]
 
 
+@pytest.mark.usefixtures("sigint_raises")
 def test_an_interrupt_stops_the_workers_at_the_end_of_their_segment_and_keeps_their_checkpoints(tmp_path):
     """Ctrl-C (Kernel → Interrupt) while worker processes train: the workers (which ignore SIGINT) are asked
     to stop, checkpoint where their segment ends and exit; train_all raises Interrupted saying what was kept."""

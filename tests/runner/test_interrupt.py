@@ -12,6 +12,8 @@ from mx_proxy.runner import progress
 from mx_proxy.runner.interrupt import Interrupted
 from mx_proxy.store import checkpoint as ckpt
 
+pytestmark = pytest.mark.usefixtures("sigint_raises")
+
 CHEAP = dict(width=8, depth=1, batch=16, diagnostics_every=0, val_every=0)  # the suite's cheapest program
 
 

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""The README's test command on a fresh clone, timed, with the machine it ran on.
+
+    python scripts/suite_time.py                 # clone HEAD of this checkout into a temporary folder
+    python scripts/suite_time.py --keep DIR      # clone into DIR and keep it (its .venv too)
+    python scripts/suite_time.py --reuse-venv    # skip the install: the clone uses this checkout's .venv
+
+Prints one block: the commit, the CPU (model, cores, AVX2/AVX512-BF16/AMX), its measured float32 and bf16
+GEMM speed (2048×512 @ 512×2048, the width-512 batch-2048 step's shape, in GFLOP/s, measured after the
+tests), the wall time of the test command (its install included), and pytest's last line (passed/failed/skipped). The compilation cache starts
+empty (a fresh machine's), as in CI, so two machines' times compare: divide by the GEMM speed to see whether a
+slower suite is a slower CPU or more work. The exit status is the test command's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_test_command(readme: Path) -> str:
+    """The README's second command (install and run the tests): the first line of its opening code block that
+    runs pytest."""
+    block = readme.read_text().split("```bash", 1)[1].split("```", 1)[0]
+    lines = [line for line in block.splitlines() if "pytest" in line and not line.lstrip().startswith("#")]
+    if not lines:
+        raise SystemExit(f"{readme}: no pytest command in its opening code block")
+    return lines[0].strip()
+
+
+def gemm_gflops(python: str) -> dict:
+    """f32 (HIGHEST) and bf16 GEMM speed of this CPU, measured in a fresh interpreter of ``python``."""
+    code = r"""
+import time, jax, jax.numpy as jnp
+a32 = jax.random.normal(jax.random.key(0), (2048, 512)); b32 = jax.random.normal(jax.random.key(1), (512, 2048))
+for name, a, b, p in (("f32", a32, b32, jax.lax.Precision.HIGHEST),
+                      ("bf16", a32.astype(jnp.bfloat16), b32.astype(jnp.bfloat16), None)):
+    f = jax.jit(lambda a, b: jnp.dot(a, b, precision=p, preferred_element_type=jnp.float32))
+    f(a, b).block_until_ready()
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter(); [f(a, b) for _ in range(9)][-1].block_until_ready(); best = min(best, (time.perf_counter() - t) / 9)
+    print(name, 2 * 2048 * 512 * 2048 / best / 1e9)
+"""
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PROXY_COMPILE_CACHE="off")).stdout
+    return {k: float(v) for k, v in (line.split() for line in out.splitlines() if line.strip())}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--keep", metavar="DIR", help="clone into DIR (must not exist) and keep it")
+    p.add_argument("--reuse-venv", action="store_true", help="use this checkout's .venv instead of installing")
+    args = p.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    from mx_proxy.cli.bench.machine import describe
+
+    where = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="suite-time-")) / "clone"
+    if where.exists():
+        p.error(f"--keep {where}: the folder exists; name a new one")
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=True).stdout.strip()
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(where)], check=True)
+    cache = tempfile.mkdtemp(prefix="suite-time-cache-")
+    env = dict(os.environ, PROXY_COMPILE_CACHE=cache)
+    env.pop("VIRTUAL_ENV", None)
+    command = readme_test_command(where / "README.md")
+    if args.reuse_venv:
+        python = str(ROOT / ".venv" / "bin" / "python")
+        command = command.split("&&")[-1].strip().replace("python ", f"{python} ", 1)
+    else:
+        python = str(where / ".venv" / "bin" / "python")
+    try:
+        t = time.perf_counter()
+        proc = subprocess.run(command, shell=True, cwd=where, env=env, executable="/bin/bash",
+                              capture_output=True, text=True)
+        wall = time.perf_counter() - t
+        speed = gemm_gflops(python)  # after the command: it installed jax into the clone's venv
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    what = "pytest only, this checkout's venv" if args.reuse_venv else "venv, install, pytest"
+    summary = [line for line in proc.stdout.splitlines() if re.search(r"\b(passed|failed|error)", line)]
+    print(f"commit: {commit}\ncpu: {describe()}\n"
+          f"gemm 2048x512x2048: f32 {speed['f32']:.0f} GFLOP/s, bf16 {speed['bf16']:.0f} GFLOP/s\n"
+          f"README test command ({what}): {wall / 60:.1f} min\n"
+          f"pytest: {summary[-1].strip('= ') if summary else '(no summary line)'}")
+    if proc.returncode:
+        print(proc.stdout[-4000:] + proc.stderr[-2000:], file=sys.stderr)
+    if not args.keep:
+        shutil.rmtree(where.parent, ignore_errors=True)
+    return proc.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
