@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from mx_proxy.nn.activations import ACTIVATIONS
 from mx_proxy.nn.architectures import ARCHS
 from mx_proxy.nn.blocks import INITS
-from mx_proxy.nn.layers import ACTIVATIONS
-from mx_proxy.nn.resmlp import NORMS
+from mx_proxy.nn.norms import NORMS
 from mx_proxy.numerics import formats as _formats
 from mx_proxy.numerics import recipe as _recipes
 from mx_proxy.numerics import recipe_json
@@ -86,7 +86,7 @@ class Config:
     """One proxy run (frozen; derive variants with :meth:`replace`).
 
     Model: ``width`` d, ``depth`` L residual blocks, activation ``act``
-    (gelu/relu/swiglu/tanh/linear/relu2/silu), ``norm`` (layernorm/rmsnorm/layernorm_noaffine/none), ``init``
+    (``mx-proxy list acts``), ``norm`` (``mx-proxy list norms``), ``init``
     (pytorch: U(±1/sqrt(fan_in)); xavier_normal with ``init_gain``). Teacher:
     ``teacher_width``/``teacher_depth``/``teacher_act`` default to the
     student's. Data: ``batch`` rows of x ~ N(0, I), targets teacher(x) +
