@@ -16,7 +16,7 @@ from mx_proxy.numerics.recipe_type import (DOTS, LN_PRECISIONS, OPERANDS, VECTOR
                                            Recipe)
 
 __all__ = ["Recipe", "PRESETS", "get", "names", "VECTOR_PRECISIONS", "VECTOR_ROUNDINGS", "LN_PRECISIONS", "table",
-           "DOTS", "FAMILIES", "Mitigation", "MITIGATIONS", "mitigate", "mitigation", "with_scale_rule"]
+           "DOTS", "FAMILIES", "Mitigation", "MITIGATIONS", "mitigate", "mitigation", "with_scale_rule", "description"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,6 +246,12 @@ _DESCRIPTIONS = {
 
 def names() -> tuple[str, ...]:
     return tuple(PRESETS)
+
+
+def description(name: str) -> str:
+    """The one-line description of a preset (the recipe table's last column)."""
+    get(name)
+    return _DESCRIPTIONS[name]
 
 
 def get(recipe: str | Recipe) -> Recipe:

@@ -97,15 +97,17 @@ class Registry(Generic[E]):
         """The entries, in listing order."""
         return tuple(self._entries[n] for n in self)
 
+    def rows(self, columns: Iterable[tuple[str, str]] = ()) -> list[list[str]]:
+        """One row per entry: its name, the named attributes (``(header,
+        attribute)`` pairs) as text, its doc line."""
+        return [[e.name, *(_cell(getattr(e, a)) for _, a in columns), e.doc] for e in self.entries()]
+
     def table(self, columns: Iterable[tuple[str, str]] = ()) -> str:
-        """A Markdown table of the entries: name, the named attributes (``(header,
-        attribute)`` pairs) and the doc line."""
+        """:meth:`rows` as a Markdown table (the docs' tables, ``mx-proxy list KIND --markdown``)."""
         columns = tuple(columns)
         head = "| name | " + "".join(f"{h} | " for h, _ in columns) + "what |"
         rows = [head, "|" + "---|" * (len(columns) + 2)]
-        for e in self.entries():
-            cells = "".join(f"{_cell(getattr(e, a))} | " for _, a in columns)
-            rows.append(f"| `{e.name}` | {cells}{e.doc} |")
+        rows += ["| `" + r[0] + "` | " + " | ".join(r[1:]) + " |" for r in self.rows(columns)]
         return "\n".join(rows)
 
     def __getitem__(self, name: str) -> E:
@@ -138,6 +140,8 @@ def _cell(v) -> str:
         return "yes" if v else "–"
     if v is None:
         return "–"
+    if isinstance(v, float):
+        return f"{v:g}"
     if isinstance(v, (tuple, list)):
         return ", ".join(map(str, v)) or "–"
     return str(v)

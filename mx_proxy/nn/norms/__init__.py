@@ -63,6 +63,11 @@ class Norm:
     apply: Callable | None = dataclasses.field(default=None, compare=False)
     order: int = 100
 
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        """The names of its parameters, in declaration order."""
+        return tuple(n for n, _ in self.params)
+
 
 NORMS: Registry[Norm] = Registry("norm", "normalizations before each residual block's MLP")
 """Every normalization, by name (``layernorm`` first: the default)."""
