@@ -13,7 +13,7 @@ the reference library's sign-magnitude fixed point: step 2**-6, max 127/64.
 declared once below, and :func:`get` finds one by name or alias. Adding a
 float format that ml_dtypes stores is one :func:`register` line here (its
 fields follow from ``ml_dtypes.finfo``); the quantizer's bit arithmetic is
-written for any such format, and ``tests/numerics/test_registries.py`` runs
+written for any such format, and ``tests/numerics/test_registry.py`` runs
 one added at run time through the float64 reference.
 """
 
@@ -28,7 +28,7 @@ import numpy as np
 
 from mx_proxy.numerics.registry import Registry
 
-__all__ = ["ElementFormat", "FORMATS", "get", "names", "register", "float_format", "positive_codes",
+__all__ = ["ElementFormat", "FORMATS", "MX_ELEMENTS", "get", "names", "register", "float_format", "positive_codes",
            "relative_gaps"]
 
 
@@ -153,6 +153,9 @@ register(float_format("bf16", ml_dtypes.bfloat16, has_inf=True, has_nan=True, ve
                       doc="bfloat16: the reference library's vector precision (not an MX element)"), ("bfloat16",))
 register(float_format("fp32", np.float32, has_inf=True, has_nan=True, vector=True,
                       doc="float32: full precision (not an MX element)"), ("float32",))
+
+MX_ELEMENTS = FORMATS.subset(lambda f: not f.is_vector, "MX element format")
+"""The formats an MX block can hold (every one but bf16 and fp32), read live."""
 
 
 def names() -> tuple[str, ...]:

@@ -26,7 +26,7 @@ import pkgutil
 from collections.abc import Iterable, Iterator
 from typing import Generic, TypeVar
 
-__all__ = ["Registry", "load_entries"]
+__all__ = ["Registry", "Subset", "load_entries"]
 
 E = TypeVar("E")
 
@@ -97,6 +97,11 @@ class Registry(Generic[E]):
         """The entries, in listing order."""
         return tuple(self._entries[n] for n in self)
 
+    def subset(self, keep, what: str) -> "Subset[E]":
+        """A live view of the entries for which ``keep(entry)`` is true
+        (``what``: how messages name them, e.g. ``"MX element format"``)."""
+        return Subset(self, keep, what)
+
     def rows(self, columns: Iterable[tuple[str, str]] = ()) -> list[list[str]]:
         """One row per entry: its name, the named attributes (``(header,
         attribute)`` pairs) as text, its doc line."""
@@ -133,6 +138,37 @@ class Registry(Generic[E]):
 
     def __eq__(self, other) -> bool:
         return self is other
+
+
+class Subset(Generic[E]):
+    """The entries of a :class:`Registry` that pass a test, read live (an
+    entry registered later is in it at once): a field's choices such as
+    Config's MX element formats. Iterating gives the names in listing order."""
+
+    def __init__(self, registry: Registry[E], keep, what: str):
+        self.registry, self.keep, self.what = registry, keep, what
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([n for n in self.registry if self.keep(self.registry[n])])
+
+    def __contains__(self, name) -> bool:
+        return name in self.registry and bool(self.keep(self.registry[name]))
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
+
+    def names(self) -> tuple[str, ...]:
+        """The valid names, in listing order."""
+        return tuple(self)
+
+    def get(self, name) -> E:
+        """The entry called ``name``. Raises ValueError naming the valid ones."""
+        if isinstance(name, str) and name in self:
+            return self.registry[name]
+        raise ValueError(f"unknown {self.what} {name!r}; valid: {', '.join(self)}")
+
+    def __repr__(self) -> str:
+        return f"Subset({self.what}: {', '.join(self)})"
 
 
 def _cell(v) -> str:

@@ -55,7 +55,6 @@ KINDS = (STATIC, DYNAMIC, HOST)
 
 _PRESET_NAMES = tuple(_recipes.PRESETS)
 _LOOKED_UP = ("recipe", "reference_recipe", "diagnostic_format")  # a Recipe object or a format alias is valid too
-_MX_FORMATS = tuple(n for n in _formats.names() if not _formats.get(n).is_vector)
 
 
 def knob(default: Any, doc: str, *, kind: str = STATIC, choices: tuple[str, ...] | None = None,
@@ -194,7 +193,7 @@ class Config:
     reference_data_seed: int | None = knob(None, "feed the paired run this data seed's batches instead (a control; "
                                                  "needs paired_run)", kind=DYNAMIC, bounds=(0, SEED_LIMIT - 1))
     diagnostic_format: str = knob("fp8_e4m3", "MX element format that counts LN-gain clamping where the recipe does "
-                                              "not quantize them", choices=_MX_FORMATS, intervene=True)
+                                              "not quantize them", choices=_formats.MX_ELEMENTS, intervene=True)
     val_every: int = knob(100, "held-out validation loss every N steps (a multiple of diagnostics_every; 0: never)",
                           intervene=True, bounds=(0, MAX_STEPS))
     val_batches: int = knob(4, "held-out batches of the validation loss", bounds=(1, MAX_VAL_BATCHES))

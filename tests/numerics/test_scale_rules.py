@@ -216,3 +216,45 @@ def test_rules_refuse_what_they_are_not_defined_for():
         MXSpec("fp8_e4m3", scale_rule="paper_bump", block_dims=2)
     for rule in ("ceil", "even"):  # defined for every MX format and block shape
         assert MXSpec("int8", scale_rule=rule, block_dims=2).rule.name == rule
+
+
+def test_rules_apply_per_operand_in_a_recipe():
+    """fwd_x floor, fwd_w ceil: the forward GEMM is the product of the two operands each quantized by its own
+    rule (the float64 reference), not of both under one rule; the recipe keeps the rules through JSON and Config."""
+    import dataclasses
+
+    from mx_proxy.nn.dense import mx_dense
+    from mx_proxy.numerics import recipe_json
+    from mx_proxy.numerics.recipe import Recipe, get
+    from mx_proxy.training.config import Config
+
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((16, 64)) * 3).astype(np.float32)
+    w = (rng.standard_normal((64, 32)) * 0.1).astype(np.float32)
+    r = Recipe("per_operand", fwd_x=MXSpec("fp8_e4m3"), fwd_w=MXSpec("fp8_e4m3", scale_rule="ceil"), vector="fp32")
+    y = np.asarray(mx_dense(jnp.asarray(x), jnp.asarray(w), None, r), np.float64)
+
+    def product(rx, rw):
+        qx = reference_quantize(x, MXSpec("fp8_e4m3", scale_rule=rx), axis=1).astype(np.float64)
+        qw = reference_quantize(w, MXSpec("fp8_e4m3", scale_rule=rw), axis=0).astype(np.float64)
+        return qx @ qw
+
+    scale = np.abs(product("floor", "ceil")).max()
+    assert np.abs(y - product("floor", "ceil")).max() < 1e-5 * scale
+    for other in (("floor", "floor"), ("ceil", "ceil"), ("ceil", "floor")):
+        assert np.abs(y - product(*other)).max() > 1e-3 * scale, other
+
+    back = recipe_json.from_json(recipe_json.to_json(r))
+    assert (back.fwd_x.scale_rule, back.fwd_w.scale_rule) == ("floor", "ceil")
+    cfg = Config(recipe=r)
+    assert (cfg.recipe.fwd_x.scale_rule, cfg.recipe.fwd_w.scale_rule) == ("floor", "ceil")
+    # a preset with one operand changed, and every rule by name on a whole preset
+    e4m3 = get("mxfp8_e4m3")
+    one = e4m3.replace(wgrad_g=e4m3.wgrad_g.replace(scale_rule="even"))
+    assert [getattr(one, op).scale_rule for op in ("fwd_x", "wgrad_g")] == ["floor", "even"]
+    for rule in scale_rules.names():
+        assert {s.scale_rule for s in (getattr(get(f"mxfp8_e4m3+{rule}"), f.name) for f in dataclasses.fields(r)
+                                       if f.name in ("fwd_x", "fwd_w", "dgrad_g", "dgrad_w", "wgrad_x", "wgrad_g"))} \
+            == {rule}
+    with pytest.raises(ValueError, match="unknown recipe 'mxfp8_e4m3\\+nearest'.*valid: fp32"):
+        get("mxfp8_e4m3+nearest")
