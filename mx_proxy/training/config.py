@@ -171,7 +171,9 @@ class Config:
     data_seed: int = knob(0, "seed of the batches (batch t is a pure function of data_seed and t)", kind=DYNAMIC,
                           bounds=(0, SEED_LIMIT - 1))
     teacher_seed: int = knob(0, "seed of the frozen teacher's weights", kind=DYNAMIC, bounds=(0, SEED_LIMIT - 1))
-    recipe: str | Recipe = knob("fp32", "precision recipe: which tensors are MX-quantized and how (docs/recipes.md)",
+    recipe: str | Recipe = knob("fp32", "precision recipe: which tensors are MX-quantized and how (docs/recipes.md); "
+                                      "PRESET+CHANGE applies a mitigation or a scale rule to a preset (e.g. "
+                                      "mxfp8_e4m3+ceil; mx-proxy list scale-rules)",
                                 choices=_PRESET_NAMES, intervene=True)
     dot: str = knob("f32", "CPU GEMMs of bf16-valued operands: f32 (float32 dots, reproducible) or bf16 "
                     "(AVX512-BF16/AMX dots)", choices=_recipes.DOTS)
