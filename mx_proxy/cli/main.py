@@ -16,6 +16,7 @@ from mx_proxy.cli.executor_options import (SLURM_FLAGS, add_executor_options, ex
                                            report_failures)
 from mx_proxy.cli.experiment_commands import add_experiment_commands, add_store_options, guard, store_arg
 from mx_proxy.cli.help import cli_message
+from mx_proxy.cli.list_command import add_list_command
 from mx_proxy.cli.parser import Parser
 from mx_proxy.cli.track_options import add_track_options, tracking_from_args
 from mx_proxy.experiments import campaign, campaign_status, report, scales, tracking
@@ -165,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_track_options(camp)
     camp.set_defaults(func=guard(_campaign), parser=camp)
     add_ensemble_command(sub)
+    add_list_command(sub)
 
     rep = sub.add_parser(
         "report", help="a campaign's or an ensemble's results as Markdown (the README's headline)",

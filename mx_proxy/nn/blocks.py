@@ -8,6 +8,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from mx_proxy.nn import activations
+
 __all__ = ["INITS", "layer_names", "hidden_width", "fc1_width"]
 
 INITS = ("pytorch", "xavier_normal")
@@ -32,13 +34,13 @@ def _flag(promote, j):
 
 
 def hidden_width(width: int, act: str, expansion: int = 4) -> int:
-    """Width of the hidden layer: 4d, or round(8d/3) for SwiGLU."""
-    return int(round(expansion * 2 * width / 3)) if act == "swiglu" else expansion * width
+    """Width of the hidden layer: 4d, or round(8d/3) for a gated activation (SwiGLU)."""
+    return activations.get(act).hidden_width(width, expansion)
 
 
 def fc1_width(hidden: int, act: str) -> int:
-    """Outputs of fc1 for a hidden layer of ``hidden`` units: SwiGLU's gate and value halves, 2·hidden."""
-    return 2 * hidden if act == "swiglu" else hidden
+    """Outputs of fc1 for a hidden layer of ``hidden`` units: a gated activation's two halves, 2·hidden."""
+    return activations.get(act).fc1_width(hidden)
 
 
 def _kernel_init(init: str, gain: float):

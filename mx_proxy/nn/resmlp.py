@@ -1,13 +1,14 @@
 """The paper's proxy: a residual-MLP student learning a frozen MLP teacher.
 
 Student: ``depth`` blocks of ``x + fc2(act(fc1(LN(x))))`` with fc1 d→4d (no
-bias) and fc2 4d→d (with bias), LN one of :data:`NORMS` (LayerNorm with
-gain and bias, RMSNorm with a gain, LayerNorm without affine parameters, or
-none; see :func:`normalize`); for SwiGLU fc1 is d→2h, h = round(8d/3), so the
-parameter count matches. Teacher: ``depth`` blocks of ``Linear(d, h, no
+bias) and fc2 4d→d (with bias), LN one of :data:`~mx_proxy.nn.norms.NORMS`
+(LayerNorm with gain and bias, RMSNorm with a gain, LayerNorm without affine
+parameters, or none; ``mx-proxy list norms``), the activation one of
+:data:`~mx_proxy.nn.activations.ACTIVATIONS`; for a gated activation (SwiGLU)
+fc1 is d→2h, h = round(8d/3), so the parameter count matches. Teacher: ``depth`` blocks of ``Linear(d, h, no
 bias) → act → Linear(h, d, no bias)``, no LN, no residual, never trained.
 
-Every dense layer of the student is :func:`mx_proxy.nn.layers.mx_dense` under the
+Every dense layer of the student is :func:`mx_proxy.nn.dense.mx_dense` under the
 recipe (or the recipe's override for that layer); the teacher always runs in
 float32. ``arch="ngpt"`` swaps the student for the hypersphere-normalized
 variant of :mod:`mx_proxy.nn.ngpt` (see :mod:`mx_proxy.nn.architectures`).
@@ -24,41 +25,12 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from mx_proxy.nn import layers
+from mx_proxy.nn import activations, dense
 from mx_proxy.nn.blocks import INITS, _bias_init, _flag, _fold, _kernel_init, fc1_width, hidden_width, layer_names
+from mx_proxy.nn.norms import NORMS, normalize
 from mx_proxy.numerics.recipe import PRESETS, Recipe
 
 __all__ = ["Student", "Teacher", "hidden_width", "fc1_width", "layer_names", "normalize", "INITS", "NORMS"]
-
-# layernorm: gain and bias; rmsnorm: RMSNorm with a gain (``ln_gain``), no bias;
-# layernorm_noaffine: LayerNorm without gain or bias (no parameters); none: no normalization.
-NORMS = ("layernorm", "none", "rmsnorm", "layernorm_noaffine")
-
-
-def normalize(module: nn.Module, norm: str, z, width: int, flag, recipe: Recipe, high: Recipe | None):
-    """The block's normalization of ``z`` (..., width), declaring its
-    parameters on ``module``: ``layernorm`` (``ln_gain`` ones, ``ln_bias``
-    zeros), ``rmsnorm`` (``ln_gain`` ones, no bias: the diagnostics and the
-    controller treat it as LayerNorm's gain), ``layernorm_noaffine`` (no
-    parameters), ``none`` (identity). ``flag``: the controller's promotion of
-    this normalization unit to ``high`` (see :func:`mx_proxy.nn.layers.switch`).
-
-    Raises:
-      ValueError: an unknown ``norm`` (naming the valid ones).
-    """
-    if norm == "none":
-        return z
-    if norm == "layernorm":
-        gain = module.param("ln_gain", nn.initializers.ones, (width,))
-        bias = module.param("ln_bias", nn.initializers.zeros, (width,))
-        return layers.switch(flag, lambda rc: layers.layer_norm(z, gain, bias, rc), recipe, high)
-    if norm == "rmsnorm":
-        gain = module.param("ln_gain", nn.initializers.ones, (width,))
-        return layers.switch(flag, lambda rc: layers.rms_norm(z, gain, rc), recipe, high)
-    if norm == "layernorm_noaffine":
-        return layers.switch(flag, lambda rc: layers.layer_norm(z, None, None, rc), recipe, high)
-    raise ValueError(f"unknown norm {norm!r}; valid: {', '.join(NORMS)}")
-
 
 class Block(nn.Module):
     """One residual block ``x + fc2(act(fc1(norm(x))))`` (block ``index`` of ``depth``)."""
@@ -87,10 +59,10 @@ class Block(nn.Module):
         gemm = _flag(promote, 1)
         self.sow("intermediates", "fc1_in", z)
         # the activation belongs to the GEMM unit: promoted, it runs in the high precision too
-        a = layers.switch(gemm, lambda rc: layers.activation(self.act, layers.mx_dense(z, w1, None, rc, _fold(key, 0)),
-                                                             hi if rc is hi else r), r1, hi)
+        a = dense.switch(gemm, lambda rc: activations.apply(self.act, dense.mx_dense(z, w1, None, rc, _fold(key, 0)),
+                                                            hi if rc is hi else r), r1, hi)
         self.sow("intermediates", "fc2_in", a)
-        return x + layers.switch(gemm, lambda rc: layers.mx_dense(a, w2, b2, rc, _fold(key, 1)), r2, hi)
+        return x + dense.switch(gemm, lambda rc: dense.mx_dense(a, w2, b2, rc, _fold(key, 1)), r2, hi)
 
 
 class Student(nn.Module):
@@ -132,6 +104,6 @@ class Teacher(nn.Module):
         for i in range(self.depth):
             w1 = self.param(f"fc1_{i}", _kernel_init("pytorch", 1.0), (self.width, fc1_out))
             w2 = self.param(f"fc2_{i}", _kernel_init("pytorch", 1.0), (self.hidden, self.width))
-            x = layers.activation(self.act, jnp.dot(x, w1, precision="highest"), fp32)
+            x = activations.apply(self.act, jnp.dot(x, w1, precision="highest"), fp32)
             x = jnp.dot(x, w2, precision="highest")
         return x

@@ -8,6 +8,13 @@ property, so a format can be a static argument of ``jax.jit``.
 
 Float formats are checked against ``ml_dtypes.finfo`` in the tests; MXINT8 is
 the reference library's sign-magnitude fixed point: step 2**-6, max 127/64.
+
+:data:`FORMATS` is the registry (``mx-proxy list formats``): each format is
+declared once below, and :func:`get` finds one by name or alias. Adding a
+float format that ml_dtypes stores is one :func:`register` line here (its
+fields follow from ``ml_dtypes.finfo``); the quantizer's bit arithmetic is
+written for any such format, and ``tests/numerics/test_registry.py`` runs
+one added at run time through the float64 reference.
 """
 
 from __future__ import annotations
@@ -19,7 +26,10 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-__all__ = ["ElementFormat", "FORMATS", "get", "names", "positive_codes", "relative_gaps"]
+from mx_proxy.numerics.registry import Registry
+
+__all__ = ["ElementFormat", "FORMATS", "MX_ELEMENTS", "get", "names", "register", "float_format", "positive_codes",
+           "relative_gaps"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +50,9 @@ class ElementFormat:
       max_normal: largest finite magnitude (448 for E4M3).
       has_inf, has_nan: whether the format encodes infinities / NaN.
       is_integer: True for MXINT8 (fixed point, constant step).
+      vector: True for bf16/fp32, the precisions of non-GEMM ("vector")
+        math, which no MX block holds.
+      doc: one line on it (``mx-proxy list formats``).
     """
 
     name: str
@@ -52,6 +65,8 @@ class ElementFormat:
     has_inf: bool
     has_nan: bool
     is_integer: bool = False
+    vector: bool = False
+    doc: str = dataclasses.field(default="", compare=False)
 
     @property
     def bits(self) -> int:
@@ -83,49 +98,69 @@ class ElementFormat:
     @property
     def is_vector(self) -> bool:
         """True for bf16/fp32, the precisions of non-GEMM ("vector") math."""
-        return self.name in ("bf16", "fp32")
+        return self.vector
 
     def __repr__(self) -> str:  # short, readable in notebooks
         return f"ElementFormat({self.name})"
 
 
-def _float_format(name: str, dtype: Any, *, has_inf: bool, has_nan: bool) -> ElementFormat:
+def float_format(name: str, dtype: Any, *, has_inf: bool, has_nan: bool, doc: str,
+                 vector: bool = False) -> ElementFormat:
+    """The :class:`ElementFormat` of a float type ml_dtypes (or numpy) stores, its fields from ``ml_dtypes.finfo``."""
     fi = ml_dtypes.finfo(dtype)
     mant = int(fi.nmant)
     emin = int(fi.minexp)
     max_normal = float(fi.max)
     emax = int(math.floor(math.log2(max_normal)))
     exp_bits = int(fi.nexp)
-    return ElementFormat(name, np.dtype(dtype), exp_bits, mant, emax, emin, max_normal, has_inf, has_nan)
+    return ElementFormat(name, np.dtype(dtype), exp_bits, mant, emax, emin, max_normal, has_inf, has_nan,
+                         vector=vector, doc=doc)
 
 
-FORMATS: dict[str, ElementFormat] = {
-    f.name: f
-    for f in (
-        _float_format("fp8_e4m3", ml_dtypes.float8_e4m3fn, has_inf=False, has_nan=True),
-        _float_format("fp8_e5m2", ml_dtypes.float8_e5m2, has_inf=True, has_nan=True),
-        _float_format("fp6_e3m2", ml_dtypes.float6_e3m2fn, has_inf=False, has_nan=False),
-        _float_format("fp6_e2m3", ml_dtypes.float6_e2m3fn, has_inf=False, has_nan=False),
-        _float_format("fp4_e2m1", ml_dtypes.float4_e2m1fn, has_inf=False, has_nan=False),
-        ElementFormat("int8", np.dtype(np.int8), 0, 6, 0, 0, 127 / 64, False, False, is_integer=True),
-        _float_format("bf16", ml_dtypes.bfloat16, has_inf=True, has_nan=True),
-        _float_format("fp32", np.float32, has_inf=True, has_nan=True),
-    )
-}
+FORMATS: Registry[ElementFormat] = Registry("element format", "element formats of MX blocks, and the vector precisions")
+"""Every format, by canonical name (MX element formats first, then bf16 and fp32)."""
 
-_ALIASES = {
-    "e4m3": "fp8_e4m3", "mxfp8_e4m3": "fp8_e4m3", "float8_e4m3fn": "fp8_e4m3",
-    "e5m2": "fp8_e5m2", "mxfp8_e5m2": "fp8_e5m2", "float8_e5m2": "fp8_e5m2",
-    "e3m2": "fp6_e3m2", "mxfp6_e3m2": "fp6_e3m2", "float6_e3m2fn": "fp6_e3m2",
-    "e2m3": "fp6_e2m3", "mxfp6_e2m3": "fp6_e2m3", "float6_e2m3fn": "fp6_e2m3",
-    "e2m1": "fp4_e2m1", "mxfp4": "fp4_e2m1", "mxfp4_e2m1": "fp4_e2m1", "float4_e2m1fn": "fp4_e2m1",
-    "mxint8": "int8", "bfloat16": "bf16", "float32": "fp32",
-}
+_ALIASES: dict[str, str] = {}
+
+
+def register(fmt: ElementFormat, aliases: tuple[str, ...] = ()) -> ElementFormat:
+    """Add a format to :data:`FORMATS` (and names :func:`get` also takes for it)."""
+    if not isinstance(fmt, ElementFormat):
+        raise ValueError(f"register takes an ElementFormat, got {type(fmt).__name__}")
+    taken = [a for a in aliases if a in _ALIASES or a in FORMATS]
+    if taken:
+        raise ValueError(f"alias(es) {taken} of format {fmt.name!r} already name another format")
+    FORMATS.register(fmt)
+    _ALIASES.update({a: fmt.name for a in aliases})
+    return fmt
+
+
+register(float_format("fp8_e4m3", ml_dtypes.float8_e4m3fn, has_inf=False, has_nan=True,
+                      doc="MXFP8 E4M3: max 448, no Inf, S.1111.111 is NaN"),
+         ("e4m3", "mxfp8_e4m3", "float8_e4m3fn"))
+register(float_format("fp8_e5m2", ml_dtypes.float8_e5m2, has_inf=True, has_nan=True,
+                      doc="MXFP8 E5M2: max 57344, IEEE-like Inf and NaN"),
+         ("e5m2", "mxfp8_e5m2", "float8_e5m2"))
+register(float_format("fp6_e3m2", ml_dtypes.float6_e3m2fn, has_inf=False, has_nan=False,
+                      doc="MXFP6 E3M2: max 28, no Inf or NaN"), ("e3m2", "mxfp6_e3m2", "float6_e3m2fn"))
+register(float_format("fp6_e2m3", ml_dtypes.float6_e2m3fn, has_inf=False, has_nan=False,
+                      doc="MXFP6 E2M3: max 7.5, no Inf or NaN"), ("e2m3", "mxfp6_e2m3", "float6_e2m3fn"))
+register(float_format("fp4_e2m1", ml_dtypes.float4_e2m1fn, has_inf=False, has_nan=False,
+                      doc="MXFP4 E2M1: max 6, no Inf or NaN"), ("e2m1", "mxfp4", "mxfp4_e2m1", "float4_e2m1fn"))
+register(ElementFormat("int8", np.dtype(np.int8), 0, 6, 0, 0, 127 / 64, False, False, is_integer=True,
+                       doc="MXINT8: sign-magnitude fixed point, step 1/64, max 127/64"), ("mxint8",))
+register(float_format("bf16", ml_dtypes.bfloat16, has_inf=True, has_nan=True, vector=True,
+                      doc="bfloat16: the reference library's vector precision (not an MX element)"), ("bfloat16",))
+register(float_format("fp32", np.float32, has_inf=True, has_nan=True, vector=True,
+                      doc="float32: full precision (not an MX element)"), ("float32",))
+
+MX_ELEMENTS = FORMATS.subset(lambda f: not f.is_vector, "MX element format")
+"""The formats an MX block can hold (every one but bf16 and fp32), read live."""
 
 
 def names() -> tuple[str, ...]:
     """Canonical names of every format in the catalogue."""
-    return tuple(FORMATS)
+    return FORMATS.names()
 
 
 def get(name: str | ElementFormat) -> ElementFormat:
@@ -140,7 +175,7 @@ def get(name: str | ElementFormat) -> ElementFormat:
         key = name.strip().lower()
         key = _ALIASES.get(key, key)
         if key in FORMATS:
-            return FORMATS[key]
+            return FORMATS.get(key)
     raise ValueError(f"unknown element format {name!r}; valid formats: {', '.join(FORMATS)}")
 
 

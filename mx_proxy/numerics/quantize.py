@@ -29,7 +29,9 @@ Semantics (OCP MX v1.0 and the reference library, see REFERENCE_NOTES):
   tightly clustered blocks collapse onto one code.
 * scale rule ``"rceil"``: the smallest e with ``amax / 2**e <= max_normal``
   (NVIDIA Transformer Engine, cuBLAS, ``jax.nn.scaled_matmul``; the paper's
-  "bump the shared exponent"). It never saturates.
+  "bump the shared exponent"). It never saturates. torchao's ``"ceil"`` and
+  ``"even"`` and the authors' ``"paper_bump"`` are the other rules; each is
+  one module of :mod:`mx_proxy.numerics.scale_rules`.
 * ``e`` is clamped below at -127 (so an all-zero block gets the smallest
   scale); above 127 the E8M0 scale is NaN and so is the whole block; a NaN or
   Inf anywhere in a block makes the whole block NaN.
@@ -76,12 +78,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from mx_proxy.numerics import formats as _formats
+from mx_proxy.numerics import scale_rules as _scale_rules
 from mx_proxy.numerics.formats import ElementFormat
 from mx_proxy.numerics.mx import bits as B
 from mx_proxy.numerics.mx import nvfp4 as _nv
-from mx_proxy.numerics.mx.block_scale import (NAN_SCALE_EXP, PER_ELEMENT_RULES, SCALE_EXP_MAX, SCALE_EXP_MIN,
-                                              SCALE_RULES, Block, block_quantities, lookup_block_quantities,
-                                              paper_bump)
+from mx_proxy.numerics.mx.block_scale import (NAN_SCALE_EXP, SCALE_EXP_MAX, SCALE_EXP_MIN, SCALE_RULES, Block,
+                                              block_quantities, element_bump, lookup_block_quantities)
 from mx_proxy.numerics.mx.element import ROUNDINGS, quantize_magnitudes
 from mx_proxy.numerics.mx.layout import Layout, normalize_axis
 from mx_proxy.numerics.mx.nvfp4 import E2M1_MAX, E4M3_MAX, ZERO_SCALE_EXP
@@ -104,11 +106,13 @@ class MXSpec:
       element: element format (an :class:`ElementFormat` or its name).
       block_size: elements per shared scale along the block axis (OCP: 32;
         NVFP4: 16); with ``block_dims=2`` the side of the square tile.
-      scale_rule: E8M0 scales: ``"floor"`` (OCP v1.0), ``"rceil"`` (round the
-        scale up so nothing saturates) or ``"paper_bump"`` (the authors'
-        exponent bump, E4M3 1-D blocks only; see :mod:`mx_proxy.numerics.mx.block_scale`). E4M3 scales: ``"amax"`` (the NVFP4
-        recipe; the only one). ``None`` (the default) picks ``"floor"`` for
-        E8M0 and ``"amax"`` for E4M3; the stored value is always the resolved one.
+      scale_rule: E8M0 scales: a rule of :mod:`mx_proxy.numerics.scale_rules`
+        (``mx-proxy list scale-rules``): ``"floor"`` (OCP v1.0), ``"rceil"``
+        (round the scale up so nothing saturates), torchao's ``"ceil"`` and
+        ``"even"``, or ``"paper_bump"`` (the authors' exponent bump, E4M3
+        1-D blocks only). E4M3 scales: ``"amax"`` (the NVFP4 recipe; the only
+        one). ``None`` (the default) picks ``"floor"`` for E8M0 and
+        ``"amax"`` for E4M3; the stored value is always the resolved one.
       rounding: ``"even"``, ``"away"`` or ``"stochastic"`` (needs a PRNG key);
         of the elements only (E4M3 block scales always round to nearest even).
       block_dims: 1 (blocks along the ``axis`` of :func:`quantize`) or 2
@@ -144,7 +148,7 @@ class MXSpec:
             raise ValueError(f"block_dims must be one of {', '.join(map(str, BLOCK_DIMS))} (1: blocks along an "
                              f"axis, 2: square tiles over the last two axes), got {bd!r}")
         object.__setattr__(self, "block_dims", int(bd))
-        rules = SCALE_RULES if self.scale_format == "e8m0" else E4M3_SCALE_RULES
+        rules = _scale_rules.names() if self.scale_format == "e8m0" else E4M3_SCALE_RULES
         if self.scale_rule is None:
             object.__setattr__(self, "scale_rule", rules[0])
         if self.scale_rule not in rules:
@@ -153,11 +157,15 @@ class MXSpec:
         if self.scale_format == "e4m3" and self.element.name not in E4M3_ELEMENTS:
             raise ValueError(f"scale_format='e4m3' (NVFP4) needs element {' or '.join(E4M3_ELEMENTS)}, "
                              f"got {self.element.name!r}; for other elements use scale_format='e8m0'")
-        if self.scale_rule in PER_ELEMENT_RULES and (self.element.name != "fp8_e4m3" or self.block_dims != 1):
-            raise ValueError(f"scale_rule={self.scale_rule!r} is defined for fp8_e4m3 elements in 1-D blocks only "
-                             f"(as in the authors' code), got {self.element.name!r} with block_dims={self.block_dims}")
+        if self.scale_format == "e8m0":
+            self.rule.check(self.element.name, self.block_dims)
         if self.rounding not in ROUNDINGS:
             raise ValueError(f"unknown rounding {self.rounding!r}; valid: {', '.join(ROUNDINGS)}")
+
+    @property
+    def rule(self) -> "_scale_rules.ScaleRule | None":
+        """The :class:`~mx_proxy.numerics.scale_rules.ScaleRule` of E8M0 scales (``None`` for E4M3 scales)."""
+        return _scale_rules.get(self.scale_rule) if self.scale_format == "e8m0" else None
 
     @property
     def name(self) -> str:
@@ -220,14 +228,15 @@ def _e8m0_block(xp, a, spec: MXSpec, lay: Layout) -> Block:
     magnitude bits on the view of ``lay``): from the block amax, through
     :func:`lookup_block_quantities`.
 
-    ``"paper_bump"`` gives each position of a block its own exponent, the
-    block's floor exponent plus :func:`paper_bump` (0 or 1), so its Block is
-    per element.
+    A per-element rule (``"paper_bump"``) gives each element its own
+    exponent, the block's floor exponent plus :func:`element_bump` (0 or 1),
+    so its Block is per element.
     """
     blk = lookup_block_quantities(lay.block_max(B.b32(xp) & B.ABS), spec.element, spec.scale_rule)
-    if spec.scale_rule != "paper_bump":
+    bump = element_bump(a, lay.axis, spec.scale_rule)
+    if bump is None:
         return blk
-    e = blk.e + paper_bump(a, lay.axis)  # one exponent per element: the block's, bumped by its position
+    e = blk.e + bump  # one exponent per element: the block's, bumped by its position
     return block_quantities(e, blk.nan | (e > SCALE_EXP_MAX), spec.element)
 
 
@@ -400,7 +409,7 @@ def _quantize_stats_jit(x, spec: MXSpec, axis: int = -1, key=None) -> QuantStats
     e, nan_block, sat = blk.e, blk.nan, blk.sat
     finite = ~nan_block
     qa = q & B.ABS
-    if spec.scale_rule in PER_ELEMENT_RULES:  # report the block's own (floor) exponent
+    if spec.rule.per_element:  # report the block's own (floor) exponent
         e, nan_block = jnp.min(e, axis=lay.red, keepdims=True), jnp.all(nan_block, axis=lay.red, keepdims=True)
     e_out = lay.squeeze(jnp.where(nan_block, NAN_SCALE_EXP, e))
     return QuantStats(

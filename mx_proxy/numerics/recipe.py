@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Iterable
 
+from mx_proxy.numerics import scale_rules
 from mx_proxy.numerics.quantize import NVFP4, MXSpec
 from mx_proxy.numerics.recipe_type import (DOTS, LN_PRECISIONS, OPERANDS, VECTOR_PRECISIONS, VECTOR_ROUNDINGS,
                                            Recipe)
 
 __all__ = ["Recipe", "PRESETS", "get", "names", "VECTOR_PRECISIONS", "VECTOR_ROUNDINGS", "LN_PRECISIONS", "table",
-           "DOTS", "FAMILIES", "Mitigation", "MITIGATIONS", "mitigate"]
+           "DOTS", "FAMILIES", "Mitigation", "MITIGATIONS", "mitigate", "mitigation", "with_scale_rule", "description"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,17 +34,29 @@ class Mitigation:
         return self.change(recipe)
 
 
-def _rceil(r: Recipe) -> Recipe:
-    # NVFP4 (E4M3) block scales have their own rule and no exponent to bump
-    return r.map_specs(lambda s: s if s.scale_format != "e8m0" else s.replace(scale_rule="rceil"))
+def with_scale_rule(r: Recipe, rule: "str | scale_rules.ScaleRule") -> Recipe:
+    """``r`` with every E8M0 operand (and the LN affine spec, overrides
+    included) scaled by ``rule`` (a :mod:`~mx_proxy.numerics.scale_rules` name);
+    NVFP4 (E4M3) block scales have their own rule and are left alone.
+
+    Raises:
+      ValueError: an unknown rule, or one not defined for some operand's format.
+    """
+    rule = scale_rules.get(rule)
+    if rule.elements is not None:
+        others = sorted({s.element.name for s in _specs(r) if s.scale_format == "e8m0"
+                         and s.element.name not in rule.elements})
+        if others:
+            raise ValueError(f"{rule.name} is {rule.scope or 'defined for ' + ', '.join(rule.elements)}; recipe "
+                             f"{r.name!r} also has {', '.join(others)} operands (use 'rceil' for a bump that works "
+                             f"for every format)")
+    return r.map_specs(lambda s: s if s.scale_format != "e8m0" else s.replace(scale_rule=rule.name))
 
 
-def _paper_bump(r: Recipe) -> Recipe:
-    others = sorted({s.element.name for s in _specs(r) if s.scale_format == "e8m0" and s.element.name != "fp8_e4m3"})
-    if others:
-        raise ValueError(f"paper_bump is the authors' E4M3-only exponent bump; recipe {r.name!r} also has "
-                         f"{', '.join(others)} operands (use 'rceil' for a bump that works for every format)")
-    return r.map_specs(lambda s: s if s.scale_format != "e8m0" else s.replace(scale_rule="paper_bump"))
+def _rule_mitigation(rule: "scale_rules.ScaleRule") -> "Mitigation":
+    """A scale rule as a recipe change: every E8M0 operand with it (``mx-proxy train --scale-rule``)."""
+    return Mitigation(rule.name, f"every E8M0 operand with the {rule.name} scale: {rule.doc}",
+                      lambda r: with_scale_rule(r, rule))
 
 
 def _specs(r: Recipe) -> list:
@@ -59,7 +72,8 @@ MITIGATIONS: dict[str, Mitigation] = {m.name: m for m in (
                lambda r: r.replace(ln_precision="fp32", ln_affine=None)),
     Mitigation("ln_affine_exempt", "only the LN gain and bias out of MX (in vector precision); every GEMM "
                "operand and the LN math unchanged", lambda r: r.replace(ln_affine=None)),
-    Mitigation("rceil", "bump the shared exponent: round-up (rceil) scales everywhere, nothing clamps", _rceil),
+    Mitigation("rceil", "bump the shared exponent: round-up (rceil) scales everywhere, nothing clamps",
+               lambda r: with_scale_rule(r, "rceil")),
     Mitigation("bf16_activations", "activations, gradients and LN in bf16, forward and backward; weights keep "
                "their MX spec", lambda r: r.replace(fwd_x=None, dgrad_g=None, wgrad_x=None, wgrad_g=None,
                                                      ln_affine=None)),
@@ -76,11 +90,26 @@ MITIGATIONS: dict[str, Mitigation] = {m.name: m for m in (
                "backward in fp32", lambda r: r.replace(**_BACKWARD, backward_precision="fp32")),
     Mitigation("paper_bump", "the authors' bump_up_overflow_exponent (E4M3 only): each position of a block gets the "
                "floor exponent + 1 where the maximum over the tensor's blocks at that position exceeds 1.75·2^k "
-               "(their maximum runs over the wrong axis; compare 'rceil')", _paper_bump),
+               "(their maximum runs over the wrong axis; compare 'rceil')", lambda r: with_scale_rule(r, "paper_bump")),
     Mitigation("fp32_keep_bias", "switch to full precision but keep the recipe's LN-bias training as it was: on the "
                "paper_* recipes (bias frozen) this separates the precision switch from the bias that 'fp32' starts "
                "training; elsewhere it is 'fp32'", lambda r: Recipe("fp32", train_ln_bias=r.train_ln_bias)),
 )}
+# every other scale rule (mx_proxy.numerics.scale_rules) as a change too: rceil and paper_bump above are the
+# paper's "bump the shared exponent" and the authors' bump, under the names and words the paper's tables use
+MITIGATIONS.update({rule.name: _rule_mitigation(rule) for rule in scale_rules.RULES.entries()
+                    if rule.name not in MITIGATIONS})
+
+
+def mitigation(name: str) -> Mitigation:
+    """The named change: one of :data:`MITIGATIONS`, or a scale rule registered since
+    (:func:`_rule_mitigation`). Raises ValueError naming the valid ones."""
+    if name in MITIGATIONS:
+        return MITIGATIONS[name]
+    if name in scale_rules.RULES:
+        return _rule_mitigation(scale_rules.get(name))
+    valid = list(MITIGATIONS) + [n for n in scale_rules.RULES if n not in MITIGATIONS]
+    raise ValueError(f"unknown mitigation {name!r}; valid: {', '.join(valid)}")
 
 
 def mitigate(recipe: "Recipe | str", names: str | Iterable[str]) -> "Recipe":
@@ -93,9 +122,7 @@ def mitigate(recipe: "Recipe | str", names: str | Iterable[str]) -> "Recipe":
     """
     r = get(recipe)
     for n in [names] if isinstance(names, str) else list(names):
-        if n not in MITIGATIONS:
-            raise ValueError(f"unknown mitigation {n!r}; valid: {', '.join(MITIGATIONS)}")
-        new = MITIGATIONS[n](r)
+        new = mitigation(n)(r)
         r = new if new == PRESETS["fp32"] else new.replace(name=f"{r.name}+{n}")
     return r
 
@@ -228,8 +255,16 @@ def names() -> tuple[str, ...]:
     return tuple(PRESETS)
 
 
+def description(name: str) -> str:
+    """The one-line description of a preset (the recipe table's last column)."""
+    get(name)
+    return _DESCRIPTIONS[name]
+
+
 def get(recipe: str | Recipe) -> Recipe:
-    """A preset by name (or a :class:`Recipe` passed through).
+    """A preset by name, a preset changed by mitigations by the name
+    :func:`mitigate` gives it (``"mxfp8_e4m3+ceil"``, ``"paper_e4m3+ln_exempt"``),
+    or a :class:`Recipe` passed through.
 
     Raises:
       ValueError: naming the unknown value and the valid presets.
@@ -238,7 +273,12 @@ def get(recipe: str | Recipe) -> Recipe:
         return recipe
     if isinstance(recipe, str) and recipe in PRESETS:
         return PRESETS[recipe]
-    raise ValueError(f"unknown recipe {recipe!r}; valid: {', '.join(PRESETS)}")
+    if isinstance(recipe, str) and "+" in recipe:
+        base, *changes = recipe.split("+")
+        if base in PRESETS and all(c in MITIGATIONS or c in scale_rules.RULES for c in changes):
+            return mitigate(base, changes)
+    raise ValueError(f"unknown recipe {recipe!r}; valid: {', '.join(PRESETS)} (or PRESET+CHANGE, a change of "
+                     f"mxp.MITIGATIONS, e.g. mxfp8_e4m3+ceil)")
 
 
 def table() -> str:

@@ -1,16 +1,8 @@
 """The :class:`Recipe` type: which tensor of a dense layer gets which MX format.
 
-A dense layer ``y = x @ W + b`` (W of shape (in, out)) runs three GEMMs. Each
-operand is quantized along that GEMM's contraction axis, as in the reference
-library's MX linear layer:
-
-=========  ======================  =============================  ================================
-GEMM       product                 operand A (block axis)         operand B (block axis)
-=========  ======================  =============================  ================================
-forward    y  = x @ W              ``fwd_x``: x along in-features  ``fwd_w``: W along in (axis 0)
-dgrad      dx = g @ Wᵀ             ``dgrad_g``: g along out        ``dgrad_w``: W along out (axis 1)
-wgrad      dW = xᵀ @ g             ``wgrad_x``: x along batch      ``wgrad_g``: g along batch
-=========  ======================  =============================  ================================
+A dense layer ``y = x @ W + b`` (W of shape (in, out)) runs three GEMMs; a
+recipe gives each of their six operands a spec, quantized along that GEMM's
+contraction axis (the table: :mod:`mx_proxy.numerics.operands`, ``mx-proxy list operands``).
 
 An operand whose spec is ``None`` enters its GEMM in the vector precision.
 Non-GEMM ("vector") math -- GEMM inputs and outputs, bias, LayerNorm
@@ -24,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 
+from mx_proxy.numerics import scale_rules
+from mx_proxy.numerics.operands import OPERANDS
 from mx_proxy.numerics.quantize import MXSpec
 
 __all__ = ["Recipe", "VECTOR_PRECISIONS", "VECTOR_ROUNDINGS", "LN_PRECISIONS", "DOTS", "OPERANDS"]
@@ -32,7 +26,6 @@ VECTOR_PRECISIONS = ("fp32", "bf16")
 DOTS = ("f32", "bf16")  # how a GEMM of bf16-exact operands is computed (Recipe.dot, Config.dot)
 VECTOR_ROUNDINGS = ("even", "away")
 LN_PRECISIONS = ("vector", "fp32", "stats_fp32")
-OPERANDS = ("fwd_x", "fwd_w", "dgrad_g", "dgrad_w", "wgrad_x", "wgrad_g")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,17 +115,7 @@ class Recipe:
         if self.backend not in ("xla", "pallas"):
             raise ValueError(f"unknown backend {self.backend!r}; valid: xla, pallas")
         if self.backend == "pallas":
-            stochastic = [f for f in OPERANDS if getattr(self, f) is not None and getattr(self, f).rounding == "stochastic"]
-            if stochastic:
-                raise ValueError(f"backend 'pallas' supports roundings even and away; {', '.join(stochastic)} "
-                                 f"use stochastic rounding (valid with backend 'xla')")
-            special = [f for f in OPERANDS if getattr(self, f) is not None
-                       and (getattr(self, f).block_dims != 1 or getattr(self, f).scale_format != "e8m0"
-                            or getattr(self, f).scale_rule == "paper_bump")]
-            if special:
-                raise ValueError(f"backend 'pallas' supports 1-D blocks with E8M0 floor/rceil scales; "
-                                 f"{', '.join(special)} use 2-D tiles, E4M3 (NVFP4) scales or the paper_bump rule "
-                                 f"(valid with backend 'xla')")
+            _check_pallas(self)
         ov = self.overrides
         if isinstance(ov, (str, bytes)) or not hasattr(ov, "__iter__"):
             raise ValueError(f"Recipe.overrides must be a tuple of (pattern, Recipe) pairs, got {ov!r}")
@@ -198,3 +181,19 @@ class Recipe:
             changes["overrides"] = tuple((p, r.map_specs(fn)) for p, r in self.overrides)
         return dataclasses.replace(self, **changes)
 
+
+def _check_pallas(r: Recipe) -> None:
+    """Refuse operand specs the Pallas kernels do not implement, naming them and what they do implement."""
+    specs = {f: getattr(r, f) for f in OPERANDS if getattr(r, f) is not None}
+    stochastic = [f for f, s in specs.items() if s.rounding == "stochastic"]
+    if stochastic:
+        raise ValueError(f"backend 'pallas' supports roundings even and away; {', '.join(stochastic)} "
+                         f"use stochastic rounding (valid with backend 'xla')")
+    special = [f for f, s in specs.items() if s.block_dims != 1 or s.scale_format != "e8m0" or not s.rule.kernels]
+    if special:
+        kernel_rules = "/".join(n for n in scale_rules.RULES if scale_rules.get(n).kernels)
+        per_element = "/".join(sorted({specs[f].scale_rule for f in special if specs[f].scale_format == "e8m0"
+                                       and not specs[f].rule.kernels})) or "a per-element"
+        raise ValueError(f"backend 'pallas' supports 1-D blocks with E8M0 {kernel_rules} scales; "
+                         f"{', '.join(special)} use 2-D tiles, E4M3 (NVFP4) scales or the {per_element} rule "
+                         f"(valid with backend 'xla')")

@@ -7,8 +7,13 @@ and the reference library):
 1. split the block axis into blocks of ``block_size`` (zero-padding the last);
 2. amax = max |x| per block; a NaN or Inf makes the whole block NaN;
 3. ``e = floor(log2 amax) - emax`` (from ``np.frexp``), raised by one under
-   ``"rceil"`` when ``amax / 2**e > max_normal``; clamped below at -127 (an
-   all-zero block gets 2**-127); above 127 the scale, hence the block, is NaN;
+   ``"rceil"`` when ``amax / 2**e > max_normal``, under ``"ceil"`` when amax
+   is not a power of two, under ``"even"`` when amax rounded half up to the
+   element's mantissa bits reaches the next power of two (the last two as
+   torchao defines them on float32 amax, a float32 subnormal amax counting in
+   the binade of 2**-127); clamped below at -127 (an all-zero block gets
+   2**-127); above 127 the scale, hence the block, is NaN (and under
+   ``"even"`` where the rounded amax reaches 2**128);
 4. ``v = |x| / 2**e``, saturated to ``max_normal``, rounded to the element
    grid (``"even"``, ``"away"`` or ``"stochastic"`` with the caller's random
    bits), then multiplied back by ``2**e`` with x's sign and cast to float32.
@@ -148,15 +153,48 @@ def _floor_log2(a: np.ndarray) -> np.ndarray:
     return np.where(a > 0, exp.astype(np.int64) - 1, -1000)
 
 
+_TINY = 2.0 ** -126  # the smallest float32 normal
+
+
+def _not_pow2(amax, fl, fmt):
+    """``"ceil"``: amax is not a power of two (a float32 subnormal amax never counts as one, as in torchao)."""
+    return np.where(amax >= _TINY, amax != np.ldexp(1.0, fl), amax > 0)
+
+
+def _rounds_up(amax, fl, fmt):
+    """``"even"``: amax rounded half up to ``fmt.mantissa_bits`` reaches the next
+    power of two: amax >= (2 - 2**-(m+1)) * 2**fl, or for a float32 subnormal
+    amax (the binade below 2**-126) amax >= (1 - 2**-(m+1)) * 2**-126."""
+    m = fmt.mantissa_bits
+    normal = amax >= np.ldexp(2.0 - 2.0 ** -(m + 1), fl)
+    return np.where(amax >= _TINY, normal, amax >= _TINY * (1.0 - 2.0 ** -(m + 1)))
+
+
+def _above_max_normal(amax, fl, fmt):
+    """``"rceil"``: the floor scale would saturate amax (``amax / 2**e > max_normal``, e clamped)."""
+    e = np.maximum(fl - fmt.emax, SCALE_EXP_MIN)
+    return amax / np.ldexp(1.0, e) > fmt.max_normal
+
+
+# rule -> (where e is one above the floor exponent, whether that is a carry of amax's rounding: Inf past 2**127)
+_BUMPS = {"floor": (None, False), "rceil": (_above_max_normal, False), "ceil": (_not_pow2, False),
+          "even": (_rounds_up, True)}
+
+
 def _block_exponent(amax: np.ndarray, spec) -> tuple[np.ndarray, np.ndarray]:
     """Scale exponent e and NaN flag per block, from float64 amax."""
     fmt = spec.element
+    if spec.scale_rule not in _BUMPS:
+        raise ValueError(f"the float64 reference defines the scale rules {', '.join(_BUMPS)}, not "
+                         f"{spec.scale_rule!r} (check a new rule against its own written-out definition)")
     finite = np.isfinite(amax)
     amax = np.where(finite, amax, 0.0)
-    e = np.maximum(_floor_log2(amax) - fmt.emax, SCALE_EXP_MIN)
-    if spec.scale_rule == "rceil":
-        e = e + (amax / np.ldexp(1.0, e) > fmt.max_normal)
-    return e, ~finite | (e > SCALE_EXP_MAX)
+    fl = _floor_log2(amax)
+    bump, carries = _BUMPS[spec.scale_rule]
+    up = np.zeros(np.shape(amax), bool) if bump is None else bump(amax, fl, fmt)
+    # (a float32 subnormal amax counts as 2**-127 here, as in the bit layout; the clamp hides it but for emax 0)
+    e = np.maximum(np.maximum(fl, -127) + up - fmt.emax, SCALE_EXP_MIN)
+    return e, ~finite | (e > SCALE_EXP_MAX) | (carries & up & (fl == 127))
 
 
 def round_to_element(v, fmt, rounding: str, rbits=None, *, use_cast: bool = True) -> np.ndarray:

@@ -4,7 +4,8 @@ which every kernel body calls the shared MX arithmetic of :mod:`mx_proxy.numeric
 
 Semantics are exactly those of :func:`mxp.quantize` (read its module
 docstring): per block of ``spec.block_size`` elements along the block axis,
-``e`` from the block's amax (scale rule ``"floor"`` or ``"rceil"``), clamped
+``e`` from the block's amax (any scale rule with one exponent per block:
+``"floor"``, ``"rceil"``, ``"ceil"``, ``"even"``; not ``"paper_bump"``), clamped
 below at -127, NaN block when ``e > 127`` or the block holds a NaN/Inf;
 elements saturated to ``max_normal * 2**e`` and rounded (``"even"`` or
 ``"away"``; stochastic rounding is not offered here). The arithmetic is not
@@ -52,6 +53,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 from mx_proxy.numerics import formats as _formats
+from mx_proxy.numerics import scale_rules
 from mx_proxy.numerics.formats import ElementFormat
 from mx_proxy.numerics.mx import bits as B
 from mx_proxy.numerics.mx import element, block_scale as scale
@@ -60,7 +62,7 @@ from mx_proxy.numerics.quantize import MXSpec, quantize, quantize_stats
 from mx_proxy.pallas import backend
 
 __all__ = [
-    "MXTensor", "MX_FORMATS", "ROUNDINGS", "check_spec", "quantize_packed", "dequantize",
+    "MXTensor", "MX_FORMATS", "ROUNDINGS", "check_spec", "kernel_rules", "quantize_packed", "dequantize",
     "quantize_packed_reference", "dequantize_reference", "quantize_tile", "fake_quantize_tile", "decode_tile",
     "encode_tile", "scale_bytes", "NAN_SCALE",
 ]
@@ -75,13 +77,19 @@ SCALE_BIAS = scale.E8M0_BIAS
 # validation
 
 
+def kernel_rules() -> tuple[str, ...]:
+    """The scale rules the kernels implement: every rule with one exponent per block."""
+    return tuple(n for n in scale_rules.RULES if scale_rules.get(n).kernels)
+
+
 def check_spec(spec, what: str = "spec") -> MXSpec | None:
     """Validate an operand spec for the kernels; ``None`` (unquantized) passes.
 
     Raises:
       ValueError: not an MXSpec, 2-D tiles (``block_dims=2``), E4M3 (NVFP4)
-        scales, stochastic rounding, or a block size that is not a power of
-        two -- naming the valid choices.
+        scales, a per-element scale rule (``paper_bump``), stochastic
+        rounding, or a block size that is not a power of two -- naming the
+        valid choices.
     """
     if spec is None:
         return None
@@ -96,6 +104,12 @@ def check_spec(spec, what: str = "spec") -> MXSpec | None:
         raise ValueError(
             f"{what}: scale_format={spec.scale_format!r} (NVFP4) is not available in the Pallas kernels; valid: "
             "'e8m0' (for E4M3 scales use mxp.quantize, the XLA backend)"
+        )
+    if not spec.rule.kernels:
+        raise ValueError(
+            f"{what}: scale_rule {spec.scale_rule!r} gives each element of a block its own exponent, which no E8M0 "
+            f"scale byte stores: not available in the Pallas kernels; valid: {', '.join(kernel_rules())} (for "
+            f"{spec.scale_rule!r} use mxp.quantize, the XLA backend)"
         )
     if spec.rounding not in ROUNDINGS:
         raise ValueError(

@@ -156,8 +156,7 @@ def _mitigations(apply) -> list[str]:
     for name in apply:
         if not isinstance(name, str):
             raise ArgumentTypeError(f"apply must hold mitigation names (str), got {name!r} ({type(name).__name__})")
-        if name not in _recipes.MITIGATIONS:
-            raise ValueError(f"unknown mitigation {name!r}; valid: {', '.join(_recipes.MITIGATIONS)}")
+        _recipes.mitigation(name)  # a ValueError naming the valid ones
     return list(apply)
 
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from mx_proxy.nn.activations import ACTIVATIONS
 from mx_proxy.nn.architectures import ARCHS
 from mx_proxy.nn.blocks import INITS
-from mx_proxy.nn.layers import ACTIVATIONS
-from mx_proxy.nn.resmlp import NORMS
+from mx_proxy.nn.norms import NORMS
 from mx_proxy.numerics import formats as _formats
 from mx_proxy.numerics import recipe as _recipes
 from mx_proxy.numerics import recipe_json
@@ -55,7 +55,6 @@ KINDS = (STATIC, DYNAMIC, HOST)
 
 _PRESET_NAMES = tuple(_recipes.PRESETS)
 _LOOKED_UP = ("recipe", "reference_recipe", "diagnostic_format")  # a Recipe object or a format alias is valid too
-_MX_FORMATS = tuple(n for n in _formats.names() if not _formats.get(n).is_vector)
 
 
 def knob(default: Any, doc: str, *, kind: str = STATIC, choices: tuple[str, ...] | None = None,
@@ -86,7 +85,7 @@ class Config:
     """One proxy run (frozen; derive variants with :meth:`replace`).
 
     Model: ``width`` d, ``depth`` L residual blocks, activation ``act``
-    (gelu/relu/swiglu/tanh/linear/relu2/silu), ``norm`` (layernorm/rmsnorm/layernorm_noaffine/none), ``init``
+    (``mx-proxy list acts``), ``norm`` (``mx-proxy list norms``), ``init``
     (pytorch: U(±1/sqrt(fan_in)); xavier_normal with ``init_gain``). Teacher:
     ``teacher_width``/``teacher_depth``/``teacher_act`` default to the
     student's. Data: ``batch`` rows of x ~ N(0, I), targets teacher(x) +
@@ -172,7 +171,9 @@ class Config:
     data_seed: int = knob(0, "seed of the batches (batch t is a pure function of data_seed and t)", kind=DYNAMIC,
                           bounds=(0, SEED_LIMIT - 1))
     teacher_seed: int = knob(0, "seed of the frozen teacher's weights", kind=DYNAMIC, bounds=(0, SEED_LIMIT - 1))
-    recipe: str | Recipe = knob("fp32", "precision recipe: which tensors are MX-quantized and how (docs/recipes.md)",
+    recipe: str | Recipe = knob("fp32", "precision recipe: which tensors are MX-quantized and how (docs/recipes.md); "
+                                      "PRESET+CHANGE applies a mitigation or a scale rule to a preset (e.g. "
+                                      "mxfp8_e4m3+ceil; mx-proxy list scale-rules)",
                                 choices=_PRESET_NAMES, intervene=True)
     dot: str = knob("f32", "CPU GEMMs of bf16-valued operands: f32 (float32 dots, reproducible) or bf16 "
                     "(AVX512-BF16/AMX dots)", choices=_recipes.DOTS)
@@ -194,7 +195,7 @@ class Config:
     reference_data_seed: int | None = knob(None, "feed the paired run this data seed's batches instead (a control; "
                                                  "needs paired_run)", kind=DYNAMIC, bounds=(0, SEED_LIMIT - 1))
     diagnostic_format: str = knob("fp8_e4m3", "MX element format that counts LN-gain clamping where the recipe does "
-                                              "not quantize them", choices=_MX_FORMATS, intervene=True)
+                                              "not quantize them", choices=_formats.MX_ELEMENTS, intervene=True)
     val_every: int = knob(100, "held-out validation loss every N steps (a multiple of diagnostics_every; 0: never)",
                           intervene=True, bounds=(0, MAX_STEPS))
     val_batches: int = knob(4, "held-out batches of the validation loss", bounds=(1, MAX_VAL_BATCHES))

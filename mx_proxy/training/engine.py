@@ -145,7 +145,7 @@ def _diagnostic_spec(spec: MXSpec, keep_tiles: bool = False) -> MXSpec:
     """The spec clamp statistics are counted with: deterministic rounding (the
     counts do not depend on it), and 1-D blocks for vectors and activations."""
     spec = spec.replace(rounding="even") if spec.rounding == "stochastic" else spec
-    if spec.scale_rule == "paper_bump":  # counted as the authors count clamping: with the floor scale
+    if spec.rule is not None and spec.rule.per_element:  # the authors count clamping with the block's floor scale
         spec = spec.replace(scale_rule="floor")
     return spec if keep_tiles else spec.replace(block_dims=1)
 

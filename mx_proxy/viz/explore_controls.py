@@ -17,8 +17,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from mx_proxy.nn.layers import ACTIVATIONS
-from mx_proxy.nn.resmlp import NORMS
+from mx_proxy.nn.activations import ACTIVATIONS
+from mx_proxy.nn.norms import NORMS
 from mx_proxy.training import compile_cache
 from mx_proxy.training.config import Config
 
@@ -54,8 +54,8 @@ def make_controls(w, base: Config, recipes: list[str], chosen: tuple[str, ...]) 
     text = _number_text(w)
     controls = {
         "recipes": w.SelectMultiple(options=recipes, value=chosen, rows=6, description="MX recipes", style=wide),
-        "act": w.Dropdown(options=ACTIVATIONS, value=base.act, description="activation", style=wide),
-        "norm": w.Dropdown(options=NORMS, value=base.norm, description="norm", style=wide),
+        "act": w.Dropdown(options=ACTIVATIONS.names(), value=base.act, description="activation", style=wide),
+        "norm": w.Dropdown(options=NORMS.names(), value=base.norm, description="norm", style=wide),
         "lr": text(value=repr(float(base.lr)), description="LR", style=wide, continuous_update=True,
                    tooltip="learning rate: a positive number, e.g. 3e-3"),
     }

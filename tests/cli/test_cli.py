@@ -37,6 +37,10 @@ def test_train_writes_the_run_and_reloads_it(tmp_path):
     (["train", "--width", "0"], "width must be a positive integer"),
     (["train", "--lr", "fast"], "invalid float value"),
     (["train", "--act", "elu"], "valid: gelu, relu"),
+    (["train", "--norm", "batchnorm"], "unknown norm 'batchnorm'; valid: layernorm, none, rmsnorm"),
+    (["train", "--recipe", "mxfp8_e4m3+nearest"], "(or PRESET+CHANGE, a change of mxp.MITIGATIONS, e.g. "
+                                                  "mxfp8_e4m3+ceil)"),
+    (["train", "--diagnostic-format", "bf16"], "valid: fp8_e4m3, fp8_e5m2, fp6_e3m2, fp6_e2m3, fp4_e2m1, int8"),
     (["train", "--val-every", "15"], "multiple of --diagnostics-every"),
     (["train", "--reference-seed", "1"], "set --paired-run true"),
     (["bench", "nope"], "valid: quantize"),

@@ -437,7 +437,7 @@ def test_bad_block_size(block_size):
         MXSpec("fp8_e4m3", block_size=block_size)
 
 
-@pytest.mark.parametrize("field, value", [("scale_rule", "ceil"), ("rounding", "nearest")])
+@pytest.mark.parametrize("field, value", [("scale_rule", "nearest_pow2"), ("rounding", "nearest")])
 def test_unknown_scale_rule_or_rounding_lists_the_valid_ones(field, value):
     with pytest.raises(ValueError, match=field) as err:
         MXSpec("fp8_e4m3", **{field: value})

@@ -170,3 +170,13 @@ def test_paper_metric_gives_every_control_a_style_of_its_own():
         assert lines[names[0]].get_color() != lines[names[1]].get_color()  # seed and batches: other colours
     assert set(names) <= {t.get_text() for t in fig.legends[0].get_texts()}
     plots.plt.close(fig)
+
+
+def test_figures_name_a_normalization_by_its_entrys_label():
+    from mx_proxy.nn.norms import NORMS, Norm
+    from mx_proxy.viz.plots import norm_label
+
+    assert [norm_label(n) for n in NORMS] == ["LayerNorm", "no norm", "RMSNorm", "LayerNorm, no affine"]
+    with NORMS.added(Norm(name="scalenorm", doc="x / ||x||", label="ScaleNorm")):
+        assert norm_label("scalenorm") == "ScaleNorm"
+    assert norm_label("scalenorm") == "scalenorm"  # unknown: the name as is

@@ -1,29 +1,20 @@
 """Scale choice: from a block's amax to its shared E8M0 exponent and the
 per-block quantities the element rounding needs.
 
-Rules (OCP MX v1.0 and the reference library):
-
-* ``"floor"``: ``e = floor(log2 amax) - emax`` (with E4M3 the scaled block
-  maximum lies in [256, 512): every scaled value above 448 saturates).
-* ``"rceil"``: the smallest e with ``amax / 2**e <= max_normal`` (NVIDIA
-  Transformer Engine, cuBLAS, ``jax.nn.scaled_matmul``): never saturates.
-* ``"paper_bump"``: what the authors' fork of the MX library does with
-  ``bump_up_overflow_exponent`` (E4M3 only): the floor exponent, plus one
-  for every element whose *position in its block* holds, in some block of
-  the tensor, a maximum whose significand exceeds 1.75 (their code takes the
-  maximum over the blocks axis instead of within each block, so each
-  position of a block, not each block, gets its own exponent; see
-  :func:`paper_bump`). Not a scale a hardware format can store: an
-  intervention to compare with ``"rceil"``.
-* ``e`` is clamped below at -127 (an all-zero block gets the smallest scale);
-  above 127 the E8M0 scale is NaN and so is the whole block; a NaN or Inf in
-  a block makes it NaN.
+The rules themselves (``floor``, ``rceil``, ``ceil``, ``even``,
+``paper_bump``) are data, one module each in :mod:`mx_proxy.numerics.scale_rules`:
+which blocks get an exponent one above the OCP floor exponent
+``floor(log2 amax) - emax``. This module evaluates them. ``e`` is clamped
+below at -127 (an all-zero block gets the smallest scale); above 127 the
+E8M0 scale is NaN and so is the whole block; a NaN or Inf in a block makes it
+NaN. A rule whose exponent differs within a block (``paper_bump``) bumps
+each element on top of the floor exponent of its block (:func:`element_bump`).
 
 Two ways to the same quantities, from the same functions: kernel tiles call
 :func:`block_exponent` and :func:`block_quantities` directly (plain integer
 ops per block); the XLA path (:func:`lookup_block_quantities`) reads them
 from a table that is :func:`block_quantities` evaluated once for every row
-(amax exponent field x rceil bump), because on XLA:CPU a gather is not fused
+(amax exponent field x the rule's bump), because on XLA:CPU a gather is not fused
 into the element loop, so each quantity is materialized once per block
 instead of being re-evaluated for every vector of elements.
 """
@@ -37,17 +28,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mx_proxy.numerics import scale_rules
 from mx_proxy.numerics.formats import ElementFormat
 from mx_proxy.numerics.mx import bits as B
 
 __all__ = [
     "SCALE_RULES", "SCALE_EXP_MIN", "SCALE_EXP_MAX", "NAN_SCALE_EXP", "E8M0_BIAS", "E8M0_NAN", "Block",
     "floor_exponent", "block_exponent", "block_quantities", "block_table",
-    "lookup_block_quantities", "e8m0_bytes", "e8m0_pow2", "paper_bump", "PER_ELEMENT_RULES",
+    "lookup_block_quantities", "e8m0_bytes", "e8m0_pow2", "element_bump",
 ]
 
-SCALE_RULES = ("floor", "rceil", "paper_bump")  # E8M0 (power-of-two) scale rules
-PER_ELEMENT_RULES = ("paper_bump",)  # rules whose exponent varies within a block (1-D XLA path only)
+SCALE_RULES = scale_rules.names()  # the E8M0 (power-of-two) scale rules at import (the registry is the live list)
 SCALE_EXP_MIN, SCALE_EXP_MAX = -127, 127  # E8M0 range
 NAN_SCALE_EXP = 128  # marks a NaN scale in exponent arrays
 E8M0_BIAS = 127  # E8M0 byte = e + 127
@@ -81,14 +72,26 @@ def floor_exponent(field, fmt: ElementFormat):
     return jnp.maximum(jnp.where(field > 0, field - 127, SCALE_EXP_MIN) - fmt.emax, SCALE_EXP_MIN)
 
 
+def _nan(field, e, up, rule):
+    """NaN blocks: amax Inf or NaN, an exponent above 127, or (a rule that
+    rounds amax) a carry out of the largest float32 binade."""
+    nan = (field == 255) | (e > SCALE_EXP_MAX)
+    return nan | (up & (field == 254)) if rule.carries_amax else nan
+
+
 def block_exponent(amax, fmt: ElementFormat, scale_rule: str):
-    """Shared exponent ``e`` (int32) and NaN-block flag of blocks with amax bits ``amax``."""
-    if scale_rule not in SCALE_RULES:
-        raise ValueError(f"unknown scale_rule {scale_rule!r}; valid: {', '.join(SCALE_RULES)}")
-    e = floor_exponent((amax >> 23).astype(jnp.int32), fmt)
-    if scale_rule == "rceil":  # bump where the floor scale would saturate
-        e = e + (amax > B.max_normal_bits(fmt, e)).astype(jnp.int32)
-    return e, (amax >= B.INF) | (e > SCALE_EXP_MAX)
+    """Shared exponent ``e`` (int32) and NaN-block flag of blocks with amax
+    bits ``amax`` under ``scale_rule`` (a per-element rule gives its blocks'
+    floor exponent; see :func:`element_bump`)."""
+    rule = scale_rules.get(scale_rule)
+    field = (amax >> 23).astype(jnp.int32)
+    e = floor_exponent(field, fmt)
+    if rule.bump is None:
+        return e, (amax >= B.INF) | (e > SCALE_EXP_MAX)
+    up = rule.bump(amax, field, e, fmt)
+    e = e + up.astype(jnp.int32)
+    nan = (amax >= B.INF) | (e > SCALE_EXP_MAX)
+    return e, (nan | (up & (field == 254))) if rule.carries_amax else nan
 
 
 def block_quantities(e, nan, fmt: ElementFormat) -> Block:
@@ -102,32 +105,35 @@ def block_quantities(e, nan, fmt: ElementFormat) -> Block:
 def block_table(fmt: ElementFormat, scale_rule: str) -> np.ndarray:
     """:func:`block_quantities` of every possible block: an int64 table with
     columns (e, nan, sat, v, step, half), one row per amax exponent field F
-    (0..255), and under "rceil" 256 more rows with e bumped by one. A block
-    depends on its amax only through its row (:func:`_table_index`)."""
+    (0..255), and for a rule with a bump 256 more rows with e bumped by one.
+    A block depends on its amax only through its row (:func:`_table_index`)."""
+    scale_rules.get(scale_rule)
     with jax.ensure_compile_time_eval():  # concrete even when first asked for inside a trace
-        cols = _block_table_columns(fmt, scale_rule == "rceil")
+        cols = _block_table_columns(fmt, scale_rule)
     return np.stack([np.asarray(c).astype(np.int64) for c in cols], axis=-1)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _block_table_columns(fmt: ElementFormat, bumped_rows: bool) -> Block:
+def _block_table_columns(fmt: ElementFormat, scale_rule: str) -> Block:
     """The columns of :func:`block_table`, computed as one small compiled
     program (op-by-op evaluation would compile a dozen)."""
+    rule = scale_rules.get(scale_rule)
     field = jnp.arange(256, dtype=jnp.int32)
     e = floor_exponent(field, fmt)
-    if bumped_rows:
-        field, e = jnp.tile(field, 2), jnp.concatenate([e, e + 1])
-    nan = (field == 255) | (e > SCALE_EXP_MAX)
-    return block_quantities(e, nan, fmt)
+    up = jnp.zeros(256, bool)
+    if rule.bump is not None:
+        field, e, up = jnp.tile(field, 2), jnp.concatenate([e, e + 1]), jnp.arange(512) >= 256
+    return block_quantities(e, _nan(field, e, up, rule), fmt)
 
 
 def _table_index(amax, fmt: ElementFormat, scale_rule: str):
     """Row of :func:`block_table` per block: the amax exponent field, plus 256
-    where "rceil" bumps e (the same test as :func:`block_exponent`)."""
+    where the rule bumps e (the same test as :func:`block_exponent`)."""
+    rule = scale_rules.get(scale_rule)
     field = (amax >> 23).astype(jnp.int32)
-    if scale_rule != "rceil":
+    if rule.bump is None:
         return field
-    bump = amax > B.max_normal_bits(fmt, floor_exponent(field, fmt))
+    bump = rule.bump(amax, field, floor_exponent(field, fmt), fmt)
     return field + jnp.where(bump, 256, 0)
 
 
@@ -147,14 +153,13 @@ def lookup_block_quantities(amax, fmt: ElementFormat, scale_rule: str) -> Block:
                  step=column(4, np.uint32), half=column(5, np.uint32))
 
 
-def paper_bump(a, axis: int):
-    """The authors' exponent bump (int32 0/1) for the split view ``a`` of
-    magnitude bits (block elements along ``axis + 1``): ``m > 1.75 *
-    2**floor(log2 m)`` with ``m`` the maximum over the *blocks* axis ``axis``
-    at each position within a block, shaped ``(.., 1, block_size, ..)`` to
-    broadcast over the blocks (subnormal maxima never bump)."""
-    m = jnp.max(a, axis=axis, keepdims=True, initial=0)  # no blocks (an empty array): nothing bumps
-    return (((m >> 23) > 0) & ((m & B.MANT) > 0x600000)).astype(jnp.int32)
+def element_bump(a, axis: int, scale_rule: str):
+    """The per-element bump (int32 0/1) of a rule whose exponent varies within
+    a block (``paper_bump``), for the split view ``a`` of magnitude bits
+    (blocks along ``axis``, elements along ``axis + 1``); ``None`` for a
+    rule with one exponent per block."""
+    rule = scale_rules.get(scale_rule)
+    return None if rule.element_bump is None else rule.element_bump(a, axis)
 
 
 def e8m0_bytes(e, nan):

@@ -18,10 +18,10 @@ from mx_proxy.viz.plots.ensemble import blowup_rates, survival
 from mx_proxy.viz.plots.formats import ln_collapse, sawtooth
 from mx_proxy.viz.plots.gradients import (gradient_bias, interventions, ln_clamping, ln_gains, mitigations,
                                           paper_metric, reference_name)
-from mx_proxy.viz.plots.style import NORM_LABELS, color
+from mx_proxy.viz.plots.style import color, norm_label
 from mx_proxy.viz.plots.training import (ablations, init_ablation, loss_grid, lr_summary, lr_sweep, sgd_momentum,
                                          spikes_vs_shape)
 
-__all__ = ["plt", "color", "NORM_LABELS", "sawtooth", "ln_collapse", "loss_grid", "lr_sweep", "lr_summary", "ablations",
+__all__ = ["plt", "color", "norm_label", "sawtooth", "ln_collapse", "loss_grid", "lr_sweep", "lr_summary", "ablations",
            "gradient_bias", "paper_metric", "ln_clamping", "ln_gains", "mitigations", "interventions", "spikes_vs_shape",
            "sgd_momentum", "init_ablation", "beyond", "reference_name", "survival", "blowup_rates"]

@@ -6,6 +6,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from mx_proxy.experiments.analysis import instability
+from mx_proxy.nn.norms import NORMS
 
 # Okabe & Ito's colour-blind-safe palette (black, vermillion, blue, sky blue, bluish green, orange, reddish
 # purple; yellow left out: too faint on white), assigned so that recipes drawn in one figure never share a colour:
@@ -28,9 +29,9 @@ _PALETTE = {
 }
 
 
-# how figures name each normalization of mx_proxy.nn.resmlp.NORMS
-NORM_LABELS = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm", "layernorm_noaffine": "LayerNorm, no affine",
-               "none": "no norm"}
+def norm_label(name: str) -> str:
+    """How figures name a normalization: its entry's ``label`` (``mx-proxy list norms``); an unknown name as is."""
+    return NORMS[name].label if name in NORMS else name
 
 
 def color(name: str) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from mx_proxy.viz.plots.style import (NORM_LABELS, _auto_smooth, _blowup, _color_for, _label, _mark_divergence,
-                                      _plot_smoothed, _series, color, finish)
+from mx_proxy.viz.plots.style import (_auto_smooth, _blowup, _color_for, _label, _mark_divergence,
+                                      _plot_smoothed, _series, color, finish, norm_label)
 
 
 def loss_grid(runs, panel_by="lr", color_by="recipe", column: str = "loss", smooth: int | None = None,
@@ -97,8 +97,8 @@ def lr_summary(runs):
 
 def ablations(runs, column: str = "loss", smooth: int | None = None):
     """Paper Fig. 3: activation functions and normalizations (panel per
-    (activation, norm), named by :data:`NORM_LABELS`), full vs low precision."""
-    return loss_grid(runs, panel_by=lambda r: f"{r.config.act}, {NORM_LABELS.get(r.config.norm, r.config.norm)}",
+    (activation, norm), named by :func:`norm_label`), full vs low precision."""
+    return loss_grid(runs, panel_by=lambda r: f"{r.config.act}, {norm_label(r.config.norm)}",
                      color_by="recipe", column=column, smooth=smooth, title="Activation and normalization ablations")
 
 
