@@ -97,6 +97,18 @@ class Registry(Generic[E]):
         """The entries, in listing order."""
         return tuple(self._entries[n] for n in self)
 
+    def keys(self) -> tuple[str, ...]:
+        """The names, in listing order (as a mapping's ``keys``)."""
+        return tuple(self)
+
+    def values(self) -> tuple[E, ...]:
+        """The entries, in listing order (as a mapping's ``values``)."""
+        return self.entries()
+
+    def items(self) -> tuple[tuple[str, E], ...]:
+        """``(name, entry)`` pairs, in listing order (as a mapping's ``items``)."""
+        return tuple((n, self._entries[n]) for n in self)
+
     def subset(self, keep, what: str) -> "Subset[E]":
         """A live view of the entries for which ``keep(entry)`` is true
         (``what``: how messages name them, e.g. ``"MX element format"``)."""

@@ -27,6 +27,8 @@ def test_lookup_order_and_a_miss_naming_the_valid_choices():
     assert reg.names() == ("a", "b", "c") and list(reg) == ["a", "b", "c"] and len(reg) == 3
     assert reg.get("b") == Entry("b") and reg["c"].name == "c" and "a" in reg and "z" not in reg
     assert reg.get(reg["a"]) is reg["a"]  # an entry passes through
+    assert reg.keys() == ("a", "b", "c") and [e.name for e in reg.values()] == ["a", "b", "c"]
+    assert dict(reg.items()) == {n: reg[n] for n in ("a", "b", "c")} and dict(reg) == dict(reg.items())
     with pytest.raises(ValueError, match=r"unknown widget 'z'; valid: a, b, c"):
         reg.get("z")
     with pytest.raises(ValueError, match="unknown widget 3"):
