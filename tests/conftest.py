@@ -2,7 +2,13 @@
 
 The test process is headless: figures render with matplotlib's Agg backend
 (``MPLBACKEND``, unless the caller chose one). The notebook test removes it
-again for its kernels, which must use their own inline backend."""
+again for its kernels, which must use their own inline backend.
+
+XLA compiles the suite's programs with its backend (LLVM) optimizations off: the suite's shapes are tiny and
+its time is mostly compilation, which this shortens by a third to a half (docs/benchmarks.md, "The test suite").
+XLA's HLO passes, the dot libraries and every result are unchanged (no fast-math at any level: IEEE float32
+arithmetic rounds the same whether or not LLVM vectorizes it; the bit-exact tests say so). Subprocesses and
+notebook kernels inherit it. ``MX_PROXY_TEST_XLA_OPT=default`` keeps XLA's default level, as users run it."""
 
 import gc
 import os
@@ -14,6 +20,12 @@ import pytest
 from hypothesis import settings
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+
+# before anything initializes a JAX backend (XLA reads its flags once per process)
+TEST_XLA_FLAG = "--xla_backend_optimization_level=0"
+if (os.environ.get("MX_PROXY_TEST_XLA_OPT", "fast") != "default"
+        and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "")):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAG}".strip()
 
 # Property tests compile JAX programs: their first examples take seconds, so no per-example deadline
 # (the modules' own settings say so too; this covers any new one).
