@@ -201,10 +201,10 @@ def test_a_long_session_of_distinct_runs_stays_within_the_mapping_budget(monkeyp
 
     monkeypatch.setattr(executables, "folder", lambda: None)
     executables.reset_stats()
-    budget = usage[0] + 2500
+    budget = usage[0] + 1500  # one paired run's programs hold ~950-1400 mappings: the second run passes it
     monkeypatch.setattr(executables, "MAP_SHARE", budget / usage[1])
     peak = 0
-    for width in (8, 12, 16, 20, 24):
+    for width in (8, 12, 16):
         run = mxp.train(mxp.Config(width=width, depth=1, batch=16, steps=10, recipe="mxfp8_e4m3", paired_run=True,
                                    diagnostics_every=5, val_every=5), progress=False)
         assert np.isfinite(run.final_loss)
