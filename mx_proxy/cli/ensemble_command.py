@@ -85,6 +85,22 @@ def _status(args) -> int:
     return 0
 
 
+def write_figures(result: ensemble_result.EnsembleResult, folder, results) -> list[Path]:
+    """Draw ``result``'s survival curves and blow-up rates (the members exported so far) as
+    ``folder/<name>_survival.png`` and ``folder/<name>_blowup_rates.png``, each written atomically (on a full
+    disk: elsewhere, saying that the results are in ``results``); prints and returns the paths."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, fn in (("survival", plots.survival), ("blowup_rates", plots.blowup_rates)):
+        path = Path(folder) / f"{result.spec.name}_{name}.png"
+        fig = fn(result)
+        durable.write_output(path, lambda p, fig=fig: fig.savefig(p, dpi=130, format="png"),
+                             elsewhere=f"the results are in {results}")
+        print(f"figure: {path}")
+        paths.append(path)
+    return paths
+
+
 def _run(args) -> int:
     out = Path(args.out).expanduser()
     try:
@@ -97,13 +113,7 @@ def _run(args) -> int:
         result = ensemble_result.load(out / "results")
         print(ensemble_report.for_folder(out / "results"), end="")
         if args.figures:
-            Path(args.figures).mkdir(parents=True, exist_ok=True)
-            for name, fn in (("survival", plots.survival), ("blowup_rates", plots.blowup_rates)):
-                path = Path(args.figures) / f"{spec.name}_{name}.png"
-                fig = fn(result)
-                durable.write_output(path, lambda p, fig=fig: fig.savefig(p, dpi=130, format="png"),
-                                     elsewhere=f"the results are in {out / 'results'}")
-                print(f"figure: {path}")
+            write_figures(result, args.figures, out / "results")
     except UnitsFailed as err:
         return report_failures("ensemble", err)
     except (ValueError, TypeError, OSError) as err:

@@ -6,12 +6,13 @@ import argparse
 import importlib
 import os
 import sys
+from pathlib import Path
 
 import pandas as pd
 
 from mx_proxy.cli.bench import BENCHMARKS, describe
 from mx_proxy.cli.config_options import add_config_options, config_from_args
-from mx_proxy.cli.ensemble_command import add_ensemble_command
+from mx_proxy.cli.ensemble_command import add_ensemble_command, write_figures
 from mx_proxy.cli.executor_options import (SLURM_FLAGS, add_executor_options, executor_from_args, print_jobs,
                                            report_failures)
 from mx_proxy.cli.experiment_commands import add_experiment_commands, add_store_options, guard, store_arg
@@ -19,7 +20,7 @@ from mx_proxy.cli.help import cli_message
 from mx_proxy.cli.list_command import add_list_command
 from mx_proxy.cli.parser import Parser
 from mx_proxy.cli.track_options import add_track_options, tracking_from_args
-from mx_proxy.experiments import campaign, campaign_status, report, scales, tracking
+from mx_proxy.experiments import campaign, campaign_status, ensemble_report, ensemble_result, report, scales, tracking
 from mx_proxy.experiments.executors import UnitsFailed
 from mx_proxy.runner import loop as runner
 from mx_proxy.viz.figures import FIGURE_DOCS, FIGURES, campaign_figures, default_dir, generate
@@ -119,7 +120,14 @@ def _report(args) -> int:
             return 0
         if not args.results:
             args.parser.error("give a results folder (e.g. results/paper) or --update FILE ...")
+        if args.figures and not ensemble_report.is_ensemble(Path(args.results)):
+            args.parser.error(f"--figures draws an ensemble's survival and blow-up-rate figures; {args.results!r} is "
+                              f"not an ensemble's results folder (no ensemble.json)")
         print(report.for_folder(args.results), end="")
+        if args.figures:
+            folder = Path(args.results)
+            folder = folder if (folder / "ensemble.json").exists() else folder / "results"
+            write_figures(ensemble_result.load(folder), args.figures, folder)
     except (ValueError, OSError) as err:
         args.parser.error(cli_message(str(err)))
     return 0
@@ -180,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("results", nargs="?", help="a results folder (OUT/results of a campaign or an ensemble, e.g. "
                                                 "results/paper)")
     rep.add_argument("--update", nargs="+", metavar="FILE", help="Markdown files whose report blocks to rewrite")
+    rep.add_argument("--figures", metavar="DIR", help="an ensemble's results: also draw its survival and blow-up-rate "
+                                                       "figures (of the members exported so far) into DIR")
     rep.set_defaults(func=guard(_report), parser=rep)
 
     listing = "\n".join(f"  {name:<22} {FIGURE_DOCS[name]}" for name in FIGURES)

@@ -179,3 +179,27 @@ def test_interventions_table_lists_each_child_with_its_outcome():
     kids[1].info["intervention"]["replay"] = {"from_step": 500, "paired_run": True, "identical": False,
                                               "first_difference": 700}
     assert "replayed from step 500; its losses differ from the run's from step 700" in report.markdown([parent, kids[1]])
+
+
+def test_cli_report_draws_a_committed_ensembles_figures_and_refuses_a_campaigns(tmp_path, capsys, monkeypatch):
+    """`mx-proxy report ENSEMBLE --figures DIR` draws the survival and blow-up-rate figures of the members
+    exported so far (here the committed Fig. 7 ensemble's); a campaign folder is refused before any work."""
+    from PIL import Image
+
+    from mx_proxy.experiments import ensemble_result
+
+    monkeypatch.chdir(ROOT)
+    folder = "results/ensembles/fig7-6000"
+    assert cli.main(["report", folder, "--figures", str(tmp_path / "figs")]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(report.for_folder(folder))
+    spec = ensemble_result.load(folder).spec
+    for name in ("survival", "blowup_rates"):
+        path = tmp_path / "figs" / f"{spec.name}_{name}.png"
+        assert f"figure: {path}" in printed
+        with Image.open(path) as im:
+            assert im.format == "PNG" and min(im.size) > 200
+    with pytest.raises(SystemExit) as err:
+        cli.main(["report", "results/medium", "--figures", str(tmp_path / "none")])
+    assert err.value.code == 2 and not (tmp_path / "none").exists()
+    assert "'results/medium' is not an ensemble's results folder" in capsys.readouterr().err
