@@ -77,6 +77,8 @@ def main(argv=None) -> int:
     if args.reuse_venv:
         python = str(ROOT / ".venv" / "bin" / "python")
         command = command.split("&&")[-1].strip().replace("python ", f"{python} ", 1)
+        # the venv's editable install points at this checkout: the clone's sources first, in subprocesses too
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(where), env.get("PYTHONPATH")]))
     else:
         python = str(where / ".venv" / "bin" / "python")
     try:
