@@ -6,7 +6,6 @@ import argparse
 import importlib
 import os
 import sys
-from pathlib import Path
 
 import pandas as pd
 
@@ -21,6 +20,7 @@ from mx_proxy.cli.list_command import add_list_command
 from mx_proxy.cli.parser import Parser
 from mx_proxy.cli.track_options import add_track_options, tracking_from_args
 from mx_proxy.experiments import campaign, campaign_status, ensemble_report, ensemble_result, report, scales, tracking
+from mx_proxy.experiments.ensemble_spec import results_folder
 from mx_proxy.experiments.executors import UnitsFailed
 from mx_proxy.runner import loop as runner
 from mx_proxy.viz.figures import FIGURE_DOCS, FIGURES, campaign_figures, default_dir, generate
@@ -120,14 +120,12 @@ def _report(args) -> int:
             return 0
         if not args.results:
             args.parser.error("give a results folder (e.g. results/paper) or --update FILE ...")
-        if args.figures and not ensemble_report.is_ensemble(Path(args.results)):
+        if args.figures and not ensemble_report.is_ensemble(args.results):
             args.parser.error(f"--figures draws an ensemble's survival and blow-up-rate figures; {args.results!r} is "
                               f"not an ensemble's results folder (no ensemble.json)")
         print(report.for_folder(args.results), end="")
         if args.figures:
-            folder = Path(args.results)
-            folder = folder if (folder / "ensemble.json").exists() else folder / "results"
-            write_figures(ensemble_result.load(folder), args.figures, folder)
+            write_figures(ensemble_result.load(args.results), args.figures, results_folder(args.results))
     except (ValueError, OSError) as err:
         args.parser.error(cli_message(str(err)))
     return 0

@@ -9,18 +9,18 @@ regenerated from it like a campaign's (:mod:`mx_proxy.experiments.report`).
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pandas as pd
 
 from mx_proxy.experiments import ensemble_result, signals
 from mx_proxy.experiments.ensemble import HISTORY, HISTORY_FILE, TWIN
+from mx_proxy.experiments.ensemble_spec import results_folder
 
 __all__ = ["markdown", "for_folder", "is_ensemble"]
 
 
 def is_ensemble(folder) -> bool:
-    return (Path(folder) / "ensemble.json").exists() or (Path(folder) / "results" / "ensemble.json").exists()
+    return results_folder(folder) is not None
 
 
 def _p(v: float) -> str:
@@ -110,7 +110,7 @@ def markdown(result, source: str | None = None, history: pd.DataFrame | None = N
 def for_folder(folder) -> str:
     """:func:`markdown` of the ensemble whose results are in ``folder``, naming it."""
     result = ensemble_result.load(folder)
-    root = Path(folder) if (Path(folder) / "ensemble.json").exists() else Path(folder) / "results"
+    root = results_folder(folder)
     hist = pd.read_parquet(root / HISTORY_FILE) if (root / HISTORY_FILE).exists() else None
     if not len(result.table):
         raise ValueError(f"ensemble {result.spec.name!r} in {folder} has no exported member yet")

@@ -42,6 +42,7 @@ import pandas as pd
 from mx_proxy.experiments import analysis, stats
 from mx_proxy.experiments import ensemble as _ens
 from mx_proxy.experiments.ensemble import TWIN, Ensemble, member_label, read_spec
+from mx_proxy.experiments.ensemble_spec import results_folder
 from mx_proxy.runner import loop as runner
 from mx_proxy.store import files
 from mx_proxy.training.config import Config
@@ -180,9 +181,8 @@ class EnsembleResult:
 def load(folder, confidence: float = 0.95) -> EnsembleResult:
     """The exported members of the ensemble whose results are in ``folder``
     (``OUT/results``, or ``OUT``); members not exported yet are ``None``."""
-    folder = Path(folder)
     spec = read_spec(folder)
-    results = folder if (folder / "ensemble.json").exists() else folder / "results"
+    results = results_folder(folder)
     runs = {}
     for arm in spec.arms:
         runs[arm] = [load_member(spec, results / member_label(arm, i))

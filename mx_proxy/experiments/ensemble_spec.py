@@ -23,7 +23,7 @@ from mx_proxy.store import run_store as _store
 from mx_proxy.training.config import BOUNDS, INTERVENABLE_FIELDS, SEED_LIMIT, Config
 
 __all__ = ["Ensemble", "KINDS", "CONTROL", "TWIN", "HISTORY", "SPEC_FILE", "HISTORY_FILE", "arm_names",
-           "member_label", "member_key", "read_spec", "write_spec", "extends", "arm_changes", "default_out", "positive_int"]
+           "member_label", "member_key", "results_folder", "read_spec", "write_spec", "extends", "arm_changes", "default_out", "positive_int"]
 
 KINDS = ("seed", "data", "branch")
 CONTROL = "unchanged"
@@ -217,16 +217,23 @@ def member_label(arm: str, i: int) -> str:
     return f"{arm}-m{i:02d}"
 
 
+def results_folder(folder) -> Path | None:
+    """The folder that holds the spec of the ensemble at ``folder``: ``folder`` itself (its results folder)
+    or ``folder/results`` (its ``OUT``); ``None`` where neither does."""
+    folder = Path(folder)
+    return next((f for f in (folder, folder / "results") if (f / SPEC_FILE).exists()), None)
+
+
 def read_spec(folder) -> Ensemble:
     """The spec saved in ``folder`` (an ensemble's ``OUT``, or its results folder), validated."""
-    folder = Path(folder)
-    for p in (folder / SPEC_FILE, folder / "results" / SPEC_FILE):
-        if p.exists():
-            try:
-                return Ensemble.from_dict(json.loads(p.read_text()))
-            except (ValueError, TypeError) as e:
-                raise ValueError(f"{p} is not a valid ensemble spec: {e}") from None
-    raise ValueError(f"no {SPEC_FILE} in {folder} or {folder / 'results'}: not an ensemble folder")
+    results = results_folder(folder)
+    if results is None:
+        raise ValueError(f"no {SPEC_FILE} in {folder} or {Path(folder) / 'results'}: not an ensemble folder")
+    p = results / SPEC_FILE
+    try:
+        return Ensemble.from_dict(json.loads(p.read_text()))
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{p} is not a valid ensemble spec: {e}") from None
 
 
 def write_spec(spec: Ensemble, results: Path) -> None:
