@@ -37,22 +37,18 @@ def readme_test_command(readme: Path) -> str:
     return lines[0].strip()
 
 
-def gemm_gflops(python: str) -> dict:
-    """f32 (HIGHEST) and bf16 GEMM speed of this CPU, measured in a fresh interpreter of ``python``."""
-    code = r"""
-import time, jax, jax.numpy as jnp
-a32 = jax.random.normal(jax.random.key(0), (2048, 512)); b32 = jax.random.normal(jax.random.key(1), (512, 2048))
-for name, a, b, p in (("f32", a32, b32, jax.lax.Precision.HIGHEST),
-                      ("bf16", a32.astype(jnp.bfloat16), b32.astype(jnp.bfloat16), None)):
-    f = jax.jit(lambda a, b: jnp.dot(a, b, precision=p, preferred_element_type=jnp.float32))
-    f(a, b).block_until_ready()
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter(); [f(a, b) for _ in range(9)][-1].block_until_ready(); best = min(best, (time.perf_counter() - t) / 9)
-    print(name, 2 * 2048 * 512 * 2048 / best / 1e9)
+def gemm_gflops(python: str, env: dict) -> dict:
+    """f32 (HIGHEST) and bf16 GEMM speed of this CPU in GFLOP/s, measured in a fresh interpreter of ``python``
+    with the GEMM timer and the interleaved medians that ``mx-proxy bench step`` measures its roofline with."""
+    code = """
+from mx_proxy.cli.bench.step import flops, gemm_timer, interleaved_medians
+gemm = (None, None, (2048, 512), (512, 2048), (1, 0))
+t = interleaved_medians({d: gemm_timer([gemm], 10, d) for d in ("f32", "bf16")}, 5)
+for d, s in t.items():
+    print(d, 10 * flops(gemm) / s / 1e9)
 """
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True,
-                         env=dict(os.environ, PROXY_COMPILE_CACHE="off")).stdout
+                         env=dict(env, PROXY_COMPILE_CACHE="off")).stdout
     return {k: float(v) for k, v in (line.split() for line in out.splitlines() if line.strip())}
 
 
@@ -86,7 +82,7 @@ def main(argv=None) -> int:
         proc = subprocess.run(command, shell=True, cwd=where, env=env, executable="/bin/bash",
                               capture_output=True, text=True)
         wall = time.perf_counter() - t
-        speed = gemm_gflops(python)  # after the command: it installed jax into the clone's venv
+        speed = gemm_gflops(python, env)  # after the command: it installed the clone into its venv
     finally:
         shutil.rmtree(cache, ignore_errors=True)
     what = "pytest only, this checkout's venv" if args.reuse_venv else "venv, install, pytest"
