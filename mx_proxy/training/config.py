@@ -91,7 +91,10 @@ class Config:
     batch) or ``paired_run`` (gradient of the reference run trained alongside,
     the paper's definition); clamp fractions of LN gains use the recipe's
     weight spec, or ``diagnostic_format`` (MX E4M3 by default) for unquantized
-    recipes.
+    recipes. ``quant_stats=True`` adds, on those steps, the quantization
+    statistics of every GEMM operand the recipe quantizes (underflow,
+    saturation, last bin, scale exponent range, relative MSE and SNR:
+    :mod:`mx_proxy.training.quant_stats`).
 
     The paired reference run (``paired_run=True``, implied by
     ``gradient_reference="paired_run"``) trains ``reference_recipe`` (default
@@ -180,6 +183,10 @@ class Config:
                                  kind=HOST, intervene=True, bounds=(0, MAX_STEPS))
     checkpoint_at: tuple[int, ...] = knob((), "save the full train state at these steps (multiples of "
                                               "diagnostics_every)", kind=HOST, intervene=True)
+    # fields added after schema 2: keyed_when_set=True (config_json.SCHEMA)
+    quant_stats: bool = knob(False, "at every diagnostics step also record quantization statistics of each "
+                                    "quantized GEMM operand (quant/<layer>/<operand>/<stat> columns)",
+                             intervene=True, keyed_when_set=True)
 
     def __post_init__(self):
         for f in dataclasses.fields(self):  # numpy scalars are welcome; store them as Python numbers

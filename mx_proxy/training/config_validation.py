@@ -124,6 +124,8 @@ def _check_steps(config) -> None:
     if config.has_paired_run and not P:
         raise ValueError("a paired reference run (paired_run=True or gradient_reference='paired_run') needs "
                          "diagnostics_every > 0")
+    if config.quant_stats and not P:
+        raise ValueError("quant_stats records at diagnostics steps: it needs diagnostics_every > 0")
 
 
 def validate(config) -> None:

@@ -1,17 +1,19 @@
-"""The metrics of a diagnostic step: the reference gradient, ‖ζ‖ bounds, cosines, clamp statistics.
+"""The metrics of a diagnostic step: the reference gradient, ‖ζ‖ bounds, cosines, clamp and quantization statistics.
 
 Every ``diagnostics_every``-th training step the engine calls a
 :class:`DiagnosticStep` (inside a ``lax.cond``, so the other steps skip its
 cost); the functions it combines are :mod:`mx_proxy.training.diagnostics`
-(gradients, clamp fractions).
+(gradients, clamp fractions) and :mod:`mx_proxy.training.quant_stats` (the
+per-operand quantization statistics of ``Config.quant_stats``).
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from mx_proxy.numerics.quantize import MXSpec
-from mx_proxy.training import diagnostics
+from mx_proxy.training import diagnostics, quant_stats
 
 __all__ = ["DiagnosticStep", "diagnostic_spec"]
 
@@ -28,7 +30,7 @@ def diagnostic_spec(spec: MXSpec, keep_tiles: bool = False) -> MXSpec:
 class DiagnosticStep:
     """The diagnostic metrics of one :class:`~mx_proxy.training.engine.Program`
     (its config, recipe, networks and loss): ``step(params, grads,
-    paired_grads, inter, x, y) -> {name: array}``."""
+    paired_grads, inter, x, y, key, mask) -> {name: array}``."""
 
     def __init__(self, program):
         self.program = program
@@ -39,12 +41,14 @@ class DiagnosticStep:
         self.ln_spec = diagnostic_spec(rs.weight_spec or MXSpec(c.diagnostic_format))
         self.act_spec = diagnostic_spec(rs.fwd_x or rs.weight_spec or MXSpec(c.diagnostic_format))
         self.weight_spec = diagnostic_spec(rs.weight_spec or MXSpec(c.diagnostic_format), keep_tiles=True)
+        self.quant_columns = quant_stats.operand_columns(rs, c.depth) if c.quant_stats else ()
 
-    def __call__(self, params, grads, paired_grads, inter, x, y) -> dict:
+    def __call__(self, params, grads, paired_grads, inter, x, y, key=None, mask=None) -> dict:
         """Diagnostic-step metrics at ``params`` on batch (x, y). ``grads``,
         ``inter``: the training step's gradient and intermediates;
         ``paired_grads``: the paired run's gradient at this step (``None``
-        without one)."""
+        without one); ``key``, ``mask``: the step's rounding key and promotion
+        mask (read only by the quantization statistics)."""
         out = {}
         p = self.program
         if not self.same_point:
@@ -73,4 +77,19 @@ class DiagnosticStep:
             out["ln_clamp_frac"] = jnp.mean(ln["ln_clamp_frac"])
         out["weight_clamp_frac"] = jnp.mean(out["weight_clamp_frac/block"])
         out["act_clamp_frac"] = jnp.mean(out["act_clamp_frac/block"])
+        if self.quant_columns:
+            output_grads = self._output_grads(params, x, y, key, mask)
+            out |= quant_stats.metrics(r, self.quant_columns, params, inter, output_grads)
         return out
+
+    def _output_grads(self, params, x, y, key, mask):
+        """The loss's gradient with respect to every GEMM output, as the training step's backward receives it
+        (``None`` when no quantized operand is one)."""
+        if not quant_stats.needs_output_grads(self.quant_columns):
+            return None
+        p = self.program
+
+        def loss(perturbations):
+            return p.loss(p.student, params, x, y, key, mask, perturbations)[0]
+
+        return jax.grad(loss)(quant_stats.output_perturbations(params, x.shape[0]))

@@ -8,7 +8,8 @@ noise, spike factor, number of steps) is a traced
 compiled call, a loop over one step body whose trip count is traced
 (:func:`~mx_proxy.training.segments.run_steps`): one program serves every
 segment length. Every ``diagnostics_every``-th step is a diagnostic step
-(reference gradient, ‖ζ‖ bound, cosine, clamp statistics:
+(reference gradient, ‖ζ‖ bound, cosine, clamp statistics, and with
+``Config.quant_stats`` per-operand quantization statistics:
 :mod:`mx_proxy.training.diagnostic_step`): the diagnostics sit in a
 ``lax.cond`` on ``t % P == 0`` whose other branch gives NaN of the same
 shapes, so the plain steps skip their cost on one device (under a sweep's
@@ -164,9 +165,11 @@ class Program:
         y = data.targets(lambda v: self.teacher.apply({"params": teacher}, v), x, noise, dyn.noise)
         return _per_member(x, dyn), y
 
-    def loss(self, model, params, x, y, key=None, promote=None):
-        """(mean squared error of ``model`` on batch (x, y), its intermediates)."""
-        pred, inter = model.apply({"params": params}, x, key, promote, mutable=["intermediates"])
+    def loss(self, model, params, x, y, key=None, promote=None, perturbations=None):
+        """(mean squared error of ``model`` on batch (x, y), its intermediates);
+        ``perturbations``: zeros added to the GEMM outputs (:mod:`mx_proxy.training.quant_stats`)."""
+        variables = {"params": params} if perturbations is None else {"params": params, "perturbations": perturbations}
+        pred, inter = model.apply(variables, x, key, promote, mutable=["intermediates"])
         return jnp.mean(jnp.square(pred - y)), inter["intermediates"]
 
     def loss_grad(self, model, params, x, y, key=None, promote=None):
@@ -238,7 +241,7 @@ class Program:
             ref_out = (ref_loss, diagnostics.global_norm(ref_grads), diagnostics.paper_zeta(grads, ref_grads), rp, ro)
         if self.period:
             def measure():
-                return self.diagnostic_step(state.params, grads, ref_grads, inter, x, y)
+                return self.diagnostic_step(state.params, grads, ref_grads, inter, x, y, key, mask)
 
             diag_metrics = jax.lax.cond(t % self.period == 0, measure, lambda: nan_like(jax.eval_shape(measure)))
         return loss, grads, new_params, new_opt, updates, ref_out, diag_metrics

@@ -42,7 +42,14 @@ def test_fields_added_after_schema_2_enter_the_key_only_when_set():
     fields = {f.name: f for f in dataclasses.fields(Config)}
     added = {n for n, f in fields.items() if f.metadata["keyed_when_set"]}
     assert set(fields) == set(SCHEMA_2_FIELDS) | added and not added & set(SCHEMA_2_FIELDS)
-    assert set(Config().to_dict()) == set(SCHEMA_2_FIELDS) | {"schema"}
+    assert "quant_stats" in added
+    base = Config()
+    assert set(base.to_dict()) == set(SCHEMA_2_FIELDS) | {"schema"}
+    on = base.replace(quant_stats=True)
+    assert on.to_dict()["quant_stats"] is True and on.hash() != base.hash()
+    assert Config.from_dict(on.to_dict()) == on and Config.from_dict(base.to_dict()) == base
+    old = base.to_dict()
+    assert "quant_stats" not in old and Config.from_dict(old).quant_stats is False
     assert config_json.SCHEMA == 2
 
 
