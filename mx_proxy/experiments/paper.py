@@ -29,7 +29,7 @@ from mx_proxy.training.result import Run
 __all__ = ["scale", "LR_SWEEP_RECIPES", "ABLATION_RECIPES", "MITIGATION_RECIPES", "APPENDIX_RECIPES",
            "ZETA_CONTROLS", "ln_affine_exempt", "lr_sweep_runs", "ablation_runs", "gradient_bias_runs",
            "mechanism_runs", "mitigation_runs", "intervention_runs", "shape_runs", "sgd_runs", "init_runs",
-           "zeta_control_runs", "planned_sweeps"]
+           "zeta_control_runs", "quant_stats_runs", "planned_sweeps"]
 
 # --------------------------------------------------------------------------- what each experiment trains
 
@@ -132,6 +132,13 @@ def mechanism_runs(scale="quick", *, store=None, recipe: str = "mxfp8_e4m3", pro
     affine parameters exempted (:func:`ln_affine_exempt`)."""
     s = _as_scale(scale)
     return _sweep(s.config, store, progress, recipe=["fp32", recipe, ln_affine_exempt(recipe)])
+
+
+def quant_stats_runs(scale="quick", *, store=None, recipe: str = "mxfp8_e4m3", progress: bool = True) -> list[Run]:
+    """The quantization statistics of every GEMM operand of ``recipe`` over training (one run at the
+    scale's base config with ``quant_stats=True``)."""
+    s = _as_scale(scale)
+    return _sweep(s.config.replace(quant_stats=True), store, progress, recipe=[recipe])
 
 
 def mitigation_runs(scale="quick", *, store=None, recipes=MITIGATION_RECIPES, progress: bool = True) -> list[Run]:

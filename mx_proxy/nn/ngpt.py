@@ -198,10 +198,12 @@ class NGPTBlock(nn.Module):
             return sphere_norm(rn(h + rn(a * rn(h_m - h))), p, rounding=rc.vector_rounding)
 
         self.sow("intermediates", "fc1_in", h)
-        u = layers.switch(gemm, lambda rc: layers.mx_dense(h, w1, None, rc, _fold(key, 0)), r1, hi)
+        u = self.perturb("fc1_out", layers.switch(gemm, lambda rc: layers.mx_dense(h, w1, None, rc, _fold(key, 0)),
+                                                  r1, hi))  # perturb: a no-op, see mx_proxy.nn.resmlp
         a = layers.switch(gemm, lambda rc: scale_act(u, rc), r, hi)
         self.sow("intermediates", "fc2_in", a)
-        v = layers.switch(gemm, lambda rc: layers.mx_dense(a, w2, None, rc, _fold(key, 1)), r2, hi)
+        v = self.perturb("fc2_out", layers.switch(gemm, lambda rc: layers.mx_dense(a, w2, None, rc, _fold(key, 1)),
+                                                  r2, hi))
         h = layers.switch(norm_flag, lambda rc: update(h, v, rc), r, hi)
         self.sow("intermediates", "hidden", h)
         return h

@@ -13,6 +13,11 @@ recipe (or the recipe's override for that layer); the teacher always runs in
 float32. ``arch="ngpt"`` swaps the student for the hypersphere-normalized
 variant of :mod:`mx_proxy.nn.ngpt` (see :mod:`mx_proxy.nn.architectures`).
 
+Both students mark each GEMM output with flax's ``perturb`` (``fc1_out``,
+``fc2_out``): a no-op unless a ``perturbations`` collection is passed, which
+the quantization statistics do to read the gradient each GEMM's backward
+receives (:mod:`mx_proxy.training.quant_stats`).
+
 Both students take ``(x, key=None, promote=None)``: ``key`` is the PRNG key
 of this step's stochastic rounding (block i folds in i, its dense layer j
 folds in j); ``promote`` is a (depth, 2) boolean array, per block the
@@ -58,11 +63,15 @@ class Block(nn.Module):
         r2 = r.for_layer(*layer_names(self.index, self.depth, "fc2"))
         gemm = _flag(promote, 1)
         self.sow("intermediates", "fc1_in", z)
-        # the activation belongs to the GEMM unit: promoted, it runs in the high precision too
-        a = dense.switch(gemm, lambda rc: activations.apply(self.act, dense.mx_dense(z, w1, None, rc, _fold(key, 0)),
-                                                            hi if rc is hi else r), r1, hi)
+
+        def fc1(rc):  # the activation belongs to the GEMM unit: promoted, it runs in the high precision too
+            y1 = self.perturb("fc1_out", dense.mx_dense(z, w1, None, rc, _fold(key, 0)))
+            return activations.apply(self.act, y1, hi if rc is hi else r)
+
+        a = dense.switch(gemm, fc1, r1, hi)
         self.sow("intermediates", "fc2_in", a)
-        return x + dense.switch(gemm, lambda rc: dense.mx_dense(a, w2, b2, rc, _fold(key, 1)), r2, hi)
+        y2 = dense.switch(gemm, lambda rc: dense.mx_dense(a, w2, b2, rc, _fold(key, 1)), r2, hi)
+        return x + self.perturb("fc2_out", y2)
 
 
 class Student(nn.Module):

@@ -149,7 +149,7 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
         # batched dynamic fields: those that differ, and always lr (the engine's per-member batch copy keys on it)
         batched = {f: f == "lr" or any(not np.array_equal(getattr(d, f), getattr(dyns[0], f)) for d in dyns)
                    for f in Dynamic._fields}
-        share_teacher = not batched["teacher_key"]
+        share_teacher = not batched["teacher_seed"]
         dyn_axes = tuple(0 if batched[f] else None for f in Dynamic._fields)
         teacher_axis = None if share_teacher else 0
         pad = list(range(M)) + [M - 1] * (padded - M)

@@ -1,20 +1,22 @@
 """``Config``: every knob of a proxy run, declared once.
 
-Each field is one :func:`knob` line: its default, its one-line doc, its kind
-(static: part of the compiled program; dynamic: a traced value a sweep varies
-inside one program; host: read by the host loop only), its valid names and
-whether an intervention may change it. The engine's static key and traced
-values, the interventions, the CLI's options (with their choices and help)
-and the docs read these declarations (:data:`FIELD_DOCS`, :data:`CHOICES`,
-:func:`fields_of_kind`, :data:`INTERVENABLE_FIELDS`); nothing else lists fields.
+Each field is one :func:`~mx_proxy.training.knobs.knob` line: its default,
+its one-line doc, its kind (static: part of the compiled program; dynamic: a
+traced value a sweep varies inside one program; host: read by the host loop
+only), its valid names and whether an intervention may change it. The
+engine's static key and traced values, the interventions, the CLI's options
+(with their choices and help) and the docs read these declarations
+(:data:`FIELD_DOCS`, :data:`CHOICES`, :func:`fields_of_kind`,
+:data:`INTERVENABLE_FIELDS`); nothing else lists fields. How a field is
+declared: :mod:`mx_proxy.training.knobs`; the checks of values together:
+:mod:`mx_proxy.training.config_validation`; JSON and the hash (the run
+store's key), and the rule that keeps old keys when a field is added:
+:mod:`mx_proxy.training.config_json`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import math
 from typing import Any
 
 import numpy as np
@@ -25,10 +27,12 @@ from mx_proxy.nn.blocks import INITS
 from mx_proxy.nn.norms import NORMS
 from mx_proxy.numerics import formats as _formats
 from mx_proxy.numerics import recipe as _recipes
-from mx_proxy.numerics import recipe_json
-from mx_proxy.numerics.quantize import MXSpec
 from mx_proxy.numerics.recipe import Recipe
+from mx_proxy.training import config_json
+from mx_proxy.training.config_json import SCHEMA
+from mx_proxy.training.config_validation import validate
 from mx_proxy.training.controllers import GNMR
+from mx_proxy.training.knobs import DYNAMIC, HOST, KINDS, STATIC, knob
 from mx_proxy.training.values import check_value
 
 __all__ = ["Config", "knob", "FIELD_DOCS", "CHOICES", "INTERVENABLE_FIELDS", "fields_of_kind", "STATIC", "DYNAMIC",
@@ -38,7 +42,6 @@ __all__ = ["Config", "knob", "FIELD_DOCS", "CHOICES", "INTERVENABLE_FIELDS", "fi
 OPTIMIZERS = ("adam", "sgd")
 SCHEDULES = ("constant", "cosine")
 GRADIENT_REFERENCES = ("same_point", "paired_run")
-SCHEMA = 2  # part of every config's hash: bump when a field's meaning changes
 SEED_LIMIT = 2 ** 32  # seeds are JAX PRNG seeds: 0 <= seed < 2**32
 MAX_STEPS = 10 ** 8  # a run's metrics table holds one row per step; step counters are int32
 MAX_WIDTH = 2 ** 20  # far beyond any memory; the memory estimate refuses what does not fit
@@ -46,38 +49,7 @@ MAX_DEPTH = 256  # every block is traced and compiled: deeper programs take hour
 MAX_BATCH = 2 ** 24
 MAX_VAL_BATCHES = 10 ** 4  # every validation runs them all
 
-
-# The field kinds (``kind=`` of :func:`knob`):
-STATIC = "static"    # part of the compiled program: runs that differ in it compile apart
-DYNAMIC = "dynamic"  # a traced value: a sweep varies it inside one compiled program
-HOST = "host"        # read by the host loop only (checkpointing): never changes the program or the numbers
-KINDS = (STATIC, DYNAMIC, HOST)
-
 _PRESET_NAMES = tuple(_recipes.PRESETS)
-_LOOKED_UP = ("recipe", "reference_recipe", "diagnostic_format")  # a Recipe object or a format alias is valid too
-
-
-def knob(default: Any, doc: str, *, kind: str = STATIC, choices: tuple[str, ...] | None = None,
-         intervene: bool = False, bounds: tuple[int, int] | None = None) -> Any:
-    """Declare one Config field: everything else about it is derived from this.
-
-    Args:
-      default: its value when not given.
-      doc: one line on what it sets (``--help``, :data:`FIELD_DOCS`, Config's docstring).
-      kind: :data:`STATIC`, :data:`DYNAMIC` or :data:`HOST` (the engine's static key and
-        traced values, :func:`fields_of_kind`).
-      choices: its valid names, where it is one of a list (checked by Config,
-        listed by the CLI); a recipe field also takes a :class:`Recipe`.
-      intervene: whether :func:`mx_proxy.intervene` may change it when it
-        continues a run from a checkpoint (model, data and seeds may not).
-      bounds: ``(lowest, highest)`` valid value of an integer field (checked
-        by Config, printed by ``--help``): a value beyond them is refused
-        before any work, never traced, allocated or trained for ever.
-    """
-    if kind not in KINDS:
-        raise ValueError(f"unknown field kind {kind!r}; valid: {', '.join(KINDS)}")
-    return dataclasses.field(default=default, metadata={"doc": doc, "kind": kind, "choices": choices,
-                                                        "intervene": intervene, "bounds": bounds})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +91,10 @@ class Config:
     batch) or ``paired_run`` (gradient of the reference run trained alongside,
     the paper's definition); clamp fractions of LN gains use the recipe's
     weight spec, or ``diagnostic_format`` (MX E4M3 by default) for unquantized
-    recipes.
+    recipes. ``quant_stats=True`` adds, on those steps, the quantization
+    statistics of every GEMM operand the recipe quantizes (underflow,
+    saturation, last bin, scale exponent range, relative MSE and SNR:
+    :mod:`mx_proxy.training.quant_stats`).
 
     The paired reference run (``paired_run=True``, implied by
     ``gradient_reference="paired_run"``) trains ``reference_recipe`` (default
@@ -167,10 +142,11 @@ class Config:
     lr_min: float = knob(0.0, "final learning rate of the cosine schedule", kind=DYNAMIC, intervene=True)
     warmup_steps: int = knob(0, "steps of linear learning-rate warm-up", intervene=True, bounds=(0, MAX_STEPS))
     steps: int = knob(1000, "training steps", kind=DYNAMIC, intervene=True, bounds=(1, MAX_STEPS))
-    seed: int = knob(0, "seed of the student's initial weights", kind=DYNAMIC, bounds=(0, SEED_LIMIT - 1))
+    seed: int = knob(0, "seed of the student's initial weights", kind=DYNAMIC, bounds=(0, SEED_LIMIT - 1), seed=True)
     data_seed: int = knob(0, "seed of the batches (batch t is a pure function of data_seed and t)", kind=DYNAMIC,
-                          bounds=(0, SEED_LIMIT - 1))
-    teacher_seed: int = knob(0, "seed of the frozen teacher's weights", kind=DYNAMIC, bounds=(0, SEED_LIMIT - 1))
+                          bounds=(0, SEED_LIMIT - 1), seed=True)
+    teacher_seed: int = knob(0, "seed of the frozen teacher's weights", kind=DYNAMIC, bounds=(0, SEED_LIMIT - 1),
+                             seed=True)
     recipe: str | Recipe = knob("fp32", "precision recipe: which tensors are MX-quantized and how (docs/recipes.md); "
                                       "PRESET+CHANGE applies a mitigation or a scale rule to a preset (e.g. "
                                       "mxfp8_e4m3+ceil; mx-proxy list scale-rules)",
@@ -191,9 +167,11 @@ class Config:
     reference_recipe: str | Recipe = knob("fp32", "recipe of the reference gradient and of the paired run",
                                           choices=_PRESET_NAMES)
     reference_seed: int | None = knob(None, "start the paired run from this init seed instead (a control; needs "
-                                            "paired_run)", kind=DYNAMIC, bounds=(0, SEED_LIMIT - 1))
+                                            "paired_run)", kind=DYNAMIC, bounds=(0, SEED_LIMIT - 1),
+                                      seed=True, none_means="seed")
     reference_data_seed: int | None = knob(None, "feed the paired run this data seed's batches instead (a control; "
-                                                 "needs paired_run)", kind=DYNAMIC, bounds=(0, SEED_LIMIT - 1))
+                                                 "needs paired_run)", kind=DYNAMIC, bounds=(0, SEED_LIMIT - 1),
+                                           seed=True, none_means="data_seed")
     diagnostic_format: str = knob("fp8_e4m3", "MX element format that counts LN-gain clamping where the recipe does "
                                               "not quantize them", choices=_formats.MX_ELEMENTS, intervene=True)
     val_every: int = knob(100, "held-out validation loss every N steps (a multiple of diagnostics_every; 0: never)",
@@ -205,6 +183,10 @@ class Config:
                                  kind=HOST, intervene=True, bounds=(0, MAX_STEPS))
     checkpoint_at: tuple[int, ...] = knob((), "save the full train state at these steps (multiples of "
                                               "diagnostics_every)", kind=HOST, intervene=True)
+    # fields added after schema 2: keyed_when_set=True (config_json.SCHEMA)
+    quant_stats: bool = knob(False, "at every diagnostics step also record quantization statistics of each "
+                                    "quantized GEMM operand (quant/<layer>/<operand>/<stat> columns)",
+                             intervene=True, keyed_when_set=True)
 
     def __post_init__(self):
         for f in dataclasses.fields(self):  # numpy scalars are welcome; store them as Python numbers
@@ -217,91 +199,9 @@ class Config:
                 object.__setattr__(self, f.name, bool(v))
         _check_types(self)
         try:
-            self._validate()
+            validate(self)
         except TypeError as e:  # a value of a type no check above foresaw: still the caller's input
             raise ValueError(f"invalid config value ({e})") from None
-
-    def _validate(self):
-
-        def choice(name, valid, optional=False):
-            v = getattr(self, name)
-            if optional and v is None:
-                return
-            if v not in valid:
-                raise ValueError(f"unknown {name} {v!r}; valid: {', '.join(valid)}")
-
-        def positive_float(name, allow_zero=False):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
-                    or (v == 0 and not allow_zero):
-                need = "a non-negative" if allow_zero else "a positive"
-                raise ValueError(f"{name} must be {need} finite number, got {v!r}")
-
-        for f in dataclasses.fields(self):  # the recipes and diagnostic_format are looked up below (aliases too)
-            if f.metadata["choices"] and f.name not in _LOOKED_UP:
-                choice(f.name, f.metadata["choices"], optional=f.default is None)
-        if isinstance(self.controller, str) and not self.controller.strip():
-            raise ValueError("controller must be none, gnmr or gnmr:key=value,... (e.g. gnmr:threshold=3), got an "
-                             "empty string")
-        if isinstance(self.controller, str) and self.controller.strip().lower() in ("none", "off"):
-            object.__setattr__(self, "controller", None)
-        elif isinstance(self.controller, str):
-            object.__setattr__(self, "controller", GNMR.parse(self.controller))
-        elif isinstance(self.controller, dict):
-            object.__setattr__(self, "controller", GNMR.from_dict(self.controller))
-        elif self.controller is not None and not isinstance(self.controller, GNMR):
-            raise ValueError(f"controller must be None, a GNMR or a string such as 'gnmr:threshold=3', "
-                             f"got {self.controller!r}")
-        positive_float("lr")
-        positive_float("init_gain")
-        positive_float("adam_eps")
-        positive_float("spike_factor")
-        for name in ("noise", "lr_min", "momentum"):
-            positive_float(name, allow_zero=True)
-        for name in ("beta1", "beta2", "momentum"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must lie in [0, 1), got {getattr(self, name)!r}")
-        if self.schedule == "cosine" and self.lr_min > self.lr:
-            raise ValueError(f"lr_min ({self.lr_min:g}) must not exceed lr ({self.lr:g}): the cosine schedule decays "
-                             f"from lr to lr_min")
-        if self.spike_factor <= 1.0:
-            raise ValueError(f"spike_factor must be > 1 (a loss that many times the previous step's is a divergence), "
-                             f"got {self.spike_factor!r}")
-        if self.warmup_steps > self.steps:
-            raise ValueError(f"warmup_steps ({self.warmup_steps}) must not exceed steps ({self.steps})")
-        MXSpec(self.diagnostic_format)  # validates the name
-        object.__setattr__(self, "recipe", _recipes.get(self.recipe))
-        object.__setattr__(self, "reference_recipe", _recipes.get(self.reference_recipe))
-        if self.reference_recipe.stochastic:
-            raise ValueError(f"reference_recipe {self.reference_recipe.name!r} rounds stochastically; the reference "
-                             f"must be deterministic (e.g. fp32 or bf16)")
-        if not isinstance(self.paired_run, bool):
-            raise ValueError(f"paired_run must be True or False, got {self.paired_run!r}")
-        unpaired = [n for n in ("reference_seed", "reference_data_seed") if getattr(self, n) is not None]
-        if unpaired and not self.has_paired_run:
-            raise ValueError(f"{', '.join(unpaired)} only change the paired reference run; set paired_run=True "
-                             f"(or gradient_reference='paired_run')")
-        if self.diagnostics_every and self.val_every and self.val_every % self.diagnostics_every:
-            raise ValueError(
-                f"val_every ({self.val_every}) must be a multiple of diagnostics_every ({self.diagnostics_every})")
-        at = self.checkpoint_at
-        if isinstance(at, (str, bytes)) or not hasattr(at, "__iter__"):
-            raise ValueError(f"checkpoint_at must be a tuple of steps, got {at!r}")
-        at = tuple(sorted(set(at)))
-        if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t <= 0 for t in at):
-            raise ValueError(f"checkpoint_at must hold positive integer steps, got {self.checkpoint_at!r}")
-        object.__setattr__(self, "checkpoint_at", tuple(int(t) for t in at))
-        late = [t for t in self.checkpoint_at if t > self.steps]
-        if late:
-            raise ValueError(f"checkpoint_at {late} past the end of the run: a checkpoint step must be <= steps "
-                             f"({self.steps})")
-        P = self.diagnostics_every
-        for t in self.checkpoint_at + ((self.checkpoint_every,) if self.checkpoint_every else ()):
-            if P and t % P:
-                raise ValueError(f"checkpoint step {t} must be a multiple of diagnostics_every ({P})")
-        if self.has_paired_run and not self.diagnostics_every:
-            raise ValueError("a paired reference run (paired_run=True or gradient_reference='paired_run') needs "
-                             "diagnostics_every > 0")
 
     # -- derived -------------------------------------------------------------
     @property
@@ -340,36 +240,22 @@ class Config:
     def field_names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls))
 
-    # -- serialization -------------------------------------------------------
+    # -- serialization (mx_proxy.training.config_json) -----------------------
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe dict of every field plus the ``schema`` version; recipes
-        are their preset name when unmodified presets."""
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        d["recipe"] = recipe_json.to_json(self.recipe)
-        d["reference_recipe"] = recipe_json.to_json(self.reference_recipe)
-        d["controller"] = None if self.controller is None else self.controller.to_dict()
-        d["checkpoint_at"] = list(self.checkpoint_at)
-        d["schema"] = SCHEMA
-        return d
+        """JSON-safe dict of the fields plus the ``schema`` version (:func:`~mx_proxy.training.config_json.to_dict`)."""
+        return config_json.to_dict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Config":
         """Inverse of :meth:`to_dict`; fields missing from an older dict take their defaults."""
-        d = dict(d)
-        d.pop("schema", None)
-        if "checkpoint_at" in d:
-            d["checkpoint_at"] = tuple(d["checkpoint_at"])
-        for name in ("recipe", "reference_recipe"):
-            if name in d:
-                d[name] = recipe_json.from_json(d[name])
-        return cls(**d)
+        return config_json.from_dict(cls, d)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
+        return config_json.to_json(self)
 
     def hash(self) -> str:
-        """A stable 16-hex-digit key of the full config (and the schema version)."""
-        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+        """A stable 16-hex-digit key of the full config (and the schema version): the run store's key."""
+        return config_json.config_hash(self)
 
 
 def _check_types(config: Config) -> None:
@@ -410,5 +296,6 @@ def fields_of_kind(kind: str) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(Config) if f.metadata["kind"] == kind)
 
 
-Config.__doc__ = (Config.__doc__ or "").rstrip() + "\n\n    Fields (``FIELD_DOCS``; the CLI's ``--help`` prints the same lines):\n" \
-    + "\n".join(f"      {name}: {doc}" for name, doc in FIELD_DOCS.items()) + "\n"
+Config.__doc__ = ((Config.__doc__ or "").rstrip()
+                  + "\n\n    Fields (``FIELD_DOCS``; the CLI's ``--help`` prints the same lines):\n"
+                  + "\n".join(f"      {name}: {doc}" for name, doc in FIELD_DOCS.items()) + "\n")

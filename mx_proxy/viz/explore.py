@@ -67,7 +67,7 @@ from mx_proxy.training.result import Run
 from mx_proxy.viz import explore_results as _results
 from mx_proxy.viz.explore_training import interrupt_on_sigint, train_live
 from mx_proxy.viz.explore_controls import CONTROLS, CompileTimes, make_controls, read_controls, val_every
-from mx_proxy.viz.explore_results import PANELS, REFERENCE, TABLE_COLUMNS, draw_panel  # noqa: F401 (TABLE_COLUMNS: API)
+from mx_proxy.viz.explore_results import PANELS, REFERENCE, TABLE_COLUMNS, draw_panel, panels  # noqa: F401 (API)
 
 __all__ = ["explore", "Explorer", "train_live", "base_config", "PANELS", "CONTROLS"]
 
@@ -109,7 +109,8 @@ class Explorer:
         Stop buttons, the progress bar (steps of all runs of one training),
         an HTML status line, the Output the live figure is shown in and the
         HTML results under it (table and sentences of the latest training).
-      figure: the live ``matplotlib.figure.Figure`` (one panel per :data:`PANELS`).
+      figure: the live ``matplotlib.figure.Figure`` (one panel per :data:`PANELS`, and with ``quant_stats``
+        the GEMM operands' worst SNR and underflow).
       runs: the :class:`Run` s of the last training, FP32 first (those that
         finished, after a stop).
       updates: ``(recipe name, step)`` of every live update of the last training.
@@ -151,7 +152,7 @@ class Explorer:
         self.output = w.Output()
         self.results = w.HTML(value="")
         self.figure = Figure(figsize=(11, 6.5), layout="constrained")
-        self.axes = self.figure.subplots(2, 2).ravel()
+        self.axes = self.figure.subplots(2, len(panels(self.base)) // 2).ravel()
         c = self.controls
         for name in CONTROLS:
             c[name].observe(self._on_change, names="value")
@@ -206,7 +207,7 @@ class Explorer:
         shown = {r.config.recipe.name: r for r in self.runs}
         shown.update(self._live)
         with self._lock:
-            for ax, (col, label, scale) in zip(self.axes, PANELS):
+            for ax, (col, label, scale) in zip(self.axes, panels(self.base)):
                 draw_panel(ax, shown, col, label, scale)
             _results.legend(self.figure)
 

@@ -9,13 +9,31 @@ import pandas as pd
 from mx_proxy.numerics.recipe import PRESETS, Recipe
 from mx_proxy.viz import plots
 from mx_proxy.viz.explore_controls import markdown_html
+from mx_proxy.viz.plots.quantization import worst_operand
 
-__all__ = ["PANELS", "TABLE_COLUMNS", "REFERENCE", "draw_panel", "legend", "table", "conclusions", "summary_html",
-           "results_html", "recipe_defaults"]
+__all__ = ["PANELS", "QUANT_PANELS", "TABLE_COLUMNS", "REFERENCE", "panels", "draw_panel", "legend", "table",
+           "conclusions", "summary_html", "results_html", "recipe_defaults"]
 
 # (metrics column, axis label, y scale): the figure's panels, in order
 PANELS = (("loss", "training loss", "log"), ("zeta_bound", "‖ζ‖ bound (vs FP32 at the same weights)", "linear"),
           ("cosine", "cosine(g_MX, g_FP32)", "linear"), ("ln_clamp_frac", "LN gains clamped (fraction)", "linear"))
+_WORST = "worst:"  # a panel of worst_operand(metrics, STAT) over the GEMM operands' quant/ columns
+# added below them when the runs record quantization statistics (Config.quant_stats)
+QUANT_PANELS = ((_WORST + "snr_db", "lowest SNR of a GEMM operand [dB]", "linear"),
+                (_WORST + "underflow_frac", "highest underflow of a GEMM operand (fraction)", "linear"))
+
+
+def panels(config) -> tuple:
+    """The figure's panels for runs like ``config``: :data:`PANELS`, and with
+    ``quant_stats`` the worst operand's SNR and underflow too (:data:`QUANT_PANELS`)."""
+    return PANELS + QUANT_PANELS if config.quant_stats else PANELS
+
+
+def _column(run, col: str):
+    """Column ``col`` of the run's metrics (``worst:STAT``: derived, :func:`worst_operand`), or None."""
+    if col.startswith(_WORST):
+        return worst_operand(run.metrics, col[len(_WORST):])
+    return run.metrics[col] if col in run.metrics else None
 # the columns of Explorer.table, after the recipe (its index)
 TABLE_COLUMNS = ("final_loss", "vs_fp32", "zeta_median", "cosine_min", "ln_clamp_max", "diverged_at")
 REFERENCE = "fp32"
@@ -32,12 +50,13 @@ def draw_panel(ax, shown: dict, col: str, label: str, scale: str) -> None:
     ax.set_yscale(scale)
     drawn = 0
     for name, run in shown.items():
-        if col not in run.metrics or (name == REFERENCE and col in ("zeta_bound", "cosine")):
+        values = _column(run, col)
+        if values is None or (name == REFERENCE and col in ("zeta_bound", "cosine")):
             continue
-        m = run.metrics.dropna(subset=[col])
-        if not len(m):
+        ok = values.notna().to_numpy()
+        if not ok.any():
             continue
-        ax.plot(m["step"], m[col], lw=0.9, color=plots.color(name), label=name)
+        ax.plot(run.metrics["step"][ok], values[ok], lw=0.9, color=plots.color(name), label=name)
         if run.diverged_at is not None:
             ax.axvline(run.diverged_at, color=plots.color(name), ls=":", lw=1)
         drawn += 1

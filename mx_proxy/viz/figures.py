@@ -161,6 +161,7 @@ TRAINED: dict[str, tuple[Callable, Callable]] = {
     "spikes_vs_shape": (plots.spikes_vs_shape, paper.shape_runs),       # Fig. 9
     "sgd_momentum": (plots.sgd_momentum, paper.sgd_runs),               # Fig. 10
     "init_ablation": (plots.init_ablation, paper.init_runs),            # Fig. 11
+    "quant_stats": (lambda runs: plots.quant_stats(runs[0]), paper.quant_stats_runs),  # Config.quant_stats
 }
 
 
@@ -180,7 +181,7 @@ FIGURES: dict[str, Callable] = {
     **{name: _trained(name) for name in ("lr_sweep", "lr_summary", "ablations", "gradient_bias", "ln_clamping",
                                          "mitigations")},
     "interventions": _interventions,                                            # Fig. 7
-    **{name: _trained(name) for name in ("spikes_vs_shape", "sgd_momentum", "init_ablation")},
+    **{name: _trained(name) for name in ("spikes_vs_shape", "sgd_momentum", "init_ablation", "quant_stats")},
     "beyond": _beyond,                                                          # notebook 09: seed 003's systems
     **{name: _headline(name) for name in HEADLINE},                             # committed campaign results
 }
@@ -199,6 +200,7 @@ FIGURE_DOCS = {
     "spikes_vs_shape": "Fig. 9: loss spikes and zeta versus depth and width",
     "sgd_momentum": "Fig. 10: SGD with and without momentum",
     "init_ablation": "Fig. 11: PyTorch-default against lower-gain Xavier init",
+    "quant_stats": "MXFP8 E4M3's GEMM operands: underflow, saturation, last bin, scale exponents, SNR (quant_stats)",
     "beyond": "notebook 09: 2-D blocks with stochastic rounding, NVFP4, nGPT and GNMR",
     "headline_lr_sweep": "Fig. 2 from the committed campaign results (trains nothing)",
     "headline_zeta": "Fig. 4 from the committed campaign results: the paper's zeta, its control, the same-point bound",
