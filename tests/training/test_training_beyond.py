@@ -28,7 +28,7 @@ def test_new_presets():
     assert two.for_layer("block_0/fc1", "first/fc1").fwd_x.element.name == "fp8_e4m3"
     assert two.for_layer("block_1/fc1") is two and two.for_layer("block_3/fc2", "last/fc2").name.startswith("mxfp8_2d")
     nv = recipes.get("nvfp4")
-    assert {getattr(nv, r) for r in layers.ROLES} == {NVFP4}
+    assert {getattr(nv, r) for r in layers.OPERANDS} == {NVFP4}
     nv2 = recipes.get("nvfp4_2d")
     assert nv2.fwd_w == NVFP4.replace(block_dims=2) and nv2.wgrad_g.rounding == "stochastic"
     for name in ("mxfp8_2d", "mxfp4_2d", "nvfp4", "nvfp4_2d"):
@@ -88,7 +88,7 @@ def test_override_changes_only_the_named_layer():
 def test_operand_keys_are_distinct_and_the_2d_weight_is_shared():
     sr = recipes.get("mxfp8_e4m3").map_specs(lambda s: s.replace(rounding="stochastic"))
     k = jax.random.key(7)
-    keys = [jax.random.key_data(layers.operand_key(k, sr, r)) for r in layers.ROLES]
+    keys = [jax.random.key_data(layers.operand_key(k, sr, r)) for r in layers.OPERANDS]
     assert len({tuple(np.asarray(v).ravel()) for v in keys}) == 6
     w2d = MXSpec("fp4_e2m1", scale_rule="rceil", rounding="stochastic", block_dims=2)
     tied = sr.replace(fwd_w=w2d, dgrad_w=w2d)
