@@ -5,10 +5,10 @@ here. Every *system* (:data:`SYSTEMS`) is a set of :class:`~mx_proxy.training.co
 changes -- a recipe, an architecture, a stability controller -- trained in two
 *settings*:
 
-* ``base``: the scale's base config (``Scale.config``, one seed);
+* ``base``: the scale's base config (``ExperimentScale.config``, one seed);
 * ``stress``: the base config with the scale's ``stress`` changes
-  (``Scale.stress``, e.g. a higher LR and a lower Adam beta2 at the quick
-  scale) over ``Scale.stress_seeds``: a setting where plain MX runs diverge.
+  (``ExperimentScale.stress``, e.g. a higher LR and a lower Adam beta2 at the quick
+  scale) over ``ExperimentScale.stress_seeds``: a setting where plain MX runs diverge.
   At the quick scale FP32 diverges there too (an LR/beta2 instability shared
   by every precision), so every system is read against FP32 on the same seed.
 
@@ -140,7 +140,7 @@ def systems_for(scale="quick") -> tuple[str, ...]:
 
 def config(system: str, scale="quick", setting: str = "base") -> Config:
     """The config of ``system`` in ``setting`` (seed: the base config's; the
-    stress setting sweeps ``Scale.stress_seeds``).
+    stress setting sweeps ``ExperimentScale.stress_seeds``).
 
     Raises:
       ValueError: an unknown system or setting, naming the valid ones.

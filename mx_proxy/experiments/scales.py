@@ -1,7 +1,7 @@
 """Named experiment scales: ``smoke`` (seconds, CI), ``quick`` (minutes on a
 2-core CPU) and ``paper`` (the paper's proxy settings, a GPU job).
 
-Each :class:`Scale` carries the base :class:`~mx_proxy.training.config.Config` of that
+Each :class:`ExperimentScale` carries the base :class:`~mx_proxy.training.config.Config` of that
 scale plus the per-scale knobs the figures need: the learning-rate grid of the
 Fig. 2 sweep, the early/late intervention steps of Fig. 7, the depth and width
 grids of Fig. 9, the LR used for the SGD ablation of Fig. 10, and the
@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 from mx_proxy.training.config import Config
 
-__all__ = ["Scale", "Campaign", "SCALES", "STRESS_RESERVED", "get", "names", "with_seeds"]
+__all__ = ["ExperimentScale", "Campaign", "SCALES", "STRESS_RESERVED", "get", "names", "with_seeds"]
 
 # Config fields a scale's stress setting may not change: each system of
 # notebook 09 sets the first three, stress_seeds the last.
@@ -110,8 +110,8 @@ class Campaign:
 
 
 @dataclasses.dataclass(frozen=True)
-class Scale:
-    """One named scale (frozen).
+class ExperimentScale:
+    """One named experiment size (frozen): a base config and the per-scale experiment lists.
 
     Attributes:
       name: ``smoke``, ``quick`` or ``paper``.
@@ -204,7 +204,7 @@ class Scale:
         return self.config.replace(**self.stress)
 
 
-_SMOKE = Scale(
+_SMOKE = ExperimentScale(
     name="smoke",
     config=Config(width=32, depth=2, batch=64, lr=3e-3, steps=100, diagnostics_every=10, val_every=50,
                   val_batches=2),
@@ -236,7 +236,7 @@ _SMOKE = Scale(
 # (steps ~600-1000), a ‖ζ‖ bound of 0.1-1.2 with cosine dips to ~0, and, on
 # the lr_grid, the "expected" instability (FP32 and MX both collapse to loss ~1
 # at LR 3e-2; at 1.5e-2 it is a coin toss which recipe collapses).
-_QUICK = Scale(
+_QUICK = ExperimentScale(
     name="quick",
     config=Config(width=64, depth=4, batch=256, lr=3e-3, steps=3000, diagnostics_every=20, val_every=100),
     lr_grid=(1e-3, 3e-3, 1e-2, 1.5e-2, 2e-2, 3e-2),
@@ -263,7 +263,7 @@ _QUICK = Scale(
 # The largest setting a 2-core CPU finishes in the background within hours: the
 # paper's batch, depth and LR at width 256 (and 128), 7000 steps, each MX run
 # with its FP32 run alongside.
-_MEDIUM = Scale(
+_MEDIUM = ExperimentScale(
     name="medium",
     config=Config(width=256, depth=4, batch=2048, lr=6e-4, steps=7000, diagnostics_every=10, val_every=500,
                   checkpoint_every=500),
@@ -285,7 +285,7 @@ _MEDIUM = Scale(
                 "the medium scale's measurements.",
 )
 
-_PAPER = Scale(
+_PAPER = ExperimentScale(
     name="paper",
     config=Config(width=512, depth=4, batch=2048, lr=6e-4, steps=9000, diagnostics_every=20, val_every=200,
                   dot="bf16"),
@@ -314,27 +314,27 @@ _PAPER = Scale(
                 "config itself diverged once in MXFP8 E4M3 near step 5100 in the paper.",
 )
 
-SCALES: Mapping[str, Scale] = MappingProxyType({s.name: s for s in (_SMOKE, _QUICK, _MEDIUM, _PAPER)})
+SCALES: Mapping[str, ExperimentScale] = MappingProxyType({s.name: s for s in (_SMOKE, _QUICK, _MEDIUM, _PAPER)})
 
 
 def names() -> tuple[str, ...]:
     return tuple(SCALES)
 
 
-def get(name: "str | Scale") -> Scale:
-    """The named scale (a :class:`Scale` passes through).
+def get(name: "str | ExperimentScale") -> ExperimentScale:
+    """The named scale (a :class:`ExperimentScale` passes through).
 
     Raises:
       ValueError: naming the unknown value and the valid scales.
     """
-    if isinstance(name, Scale):
+    if isinstance(name, ExperimentScale):
         return name
     if isinstance(name, str) and name in SCALES:
         return SCALES[name]
     raise ValueError(f"unknown scale {name!r}; valid: {', '.join(SCALES)}")
 
 
-def with_seeds(scale: "str | Scale", seeds) -> Scale:
+def with_seeds(scale: "str | ExperimentScale", seeds) -> ExperimentScale:
     """The scale with its campaign's paired runs and controls at ``seeds``
     (student-init seeds) instead of its own; ``None`` keeps them.
 

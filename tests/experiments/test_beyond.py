@@ -38,8 +38,8 @@ def test_stress_is_read_only_and_defaults_keep_old_scales_working():
     s = scales.get("quick")
     with pytest.raises(TypeError):
         s.stress["lr"] = 1.0
-    old = scales.Scale(name="x", config=mxp.Config(steps=100), lr_grid=(1e-3,), intervention_steps=(10, 20),
-                       depths=(2,), widths=(32,), sgd_lr=0.1)
+    old = scales.ExperimentScale(name="x", config=mxp.Config(steps=100), lr_grid=(1e-3,),
+                                 intervention_steps=(10, 20), depths=(2,), widths=(32,), sgd_lr=0.1)
     assert dict(old.stress) == {} and old.stress_seeds == (0,) and old.stress_config == old.config
     hash(old)  # still hashable (stress is left out of the hash)
 
