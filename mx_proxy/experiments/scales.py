@@ -5,7 +5,7 @@ Each :class:`ExperimentScale` carries the base :class:`~mx_proxy.training.config
 scale plus the per-scale knobs the figures need: the learning-rate grid of the
 Fig. 2 sweep, the early/late intervention steps of Fig. 7, the depth and width
 grids of Fig. 9, the LR used for the SGD ablation of Fig. 10, and the
-*stress* setting of notebook 09 (:mod:`mx_proxy.experiments.beyond`): Config changes under
+*stress* setting of notebook 09 (:mod:`mx_proxy.experiments.systems`): Config changes under
 which plain MX runs diverge, trained over ``stress_seeds``. The numbers
 of ``quick`` come from the recorded search in ``mx_proxy/experiments/scale_search.py``
 (every run it made is a row of ``results/scale_search.csv``);
@@ -127,7 +127,7 @@ class ExperimentScale:
       note: what this scale does and does not show.
       stress: Config changes (field → value, read-only) applied to ``config``
         to make plain MX runs diverge: the second setting of notebook 09
-        (:func:`mx_proxy.experiments.beyond.runs`). May not change what a system sets
+        (:func:`mx_proxy.experiments.systems.runs`). May not change what a system sets
         (``recipe``, ``arch``, ``controller``) or the seed (``stress_seeds``).
         Empty (the default): the stress setting is the base config.
       stress_seeds: student-init seeds of the stress setting (distinct,
@@ -138,8 +138,8 @@ class ExperimentScale:
       ablation_cells: (activation, norm) cells of the Fig. 3 ablation.
       gradient_recipes: recipes of the Fig. 4 runs (against the same-point reference).
       interventions: names of :data:`mx_proxy.numerics.recipe.MITIGATIONS` applied in-situ for Fig. 7.
-      beyond_systems: the systems of notebook 09 (names of
-        :data:`mx_proxy.experiments.beyond.SYSTEMS`), or ``None`` for all of them.
+      systems: the systems of notebook 09 (names of
+        :data:`mx_proxy.experiments.systems.SYSTEMS`), or ``None`` for all of them.
     """
 
     name: str
@@ -160,7 +160,7 @@ class ExperimentScale:
         + tuple(("gelu", n) for n in ("rmsnorm", "layernorm_noaffine", "none")))
     gradient_recipes: tuple[str, ...] = ("mxfp8_e4m3", "mxfp6_e2m3", "mxfp4")
     interventions: tuple[str, ...] = ("fp32", "ln_exempt", "rceil", "bf16_activations")
-    beyond_systems: tuple[str, ...] | None = None
+    systems: tuple[str, ...] | None = None
 
     def __post_init__(self):
         early, late = self.intervention_steps
@@ -218,7 +218,7 @@ _SMOKE = ExperimentScale(
     ablation_cells=(("gelu", "layernorm"), ("relu2", "rmsnorm"), ("silu", "layernorm_noaffine")),
     gradient_recipes=("mxfp8_e4m3",),
     interventions=("fp32", "ln_exempt"),
-    beyond_systems=("fp32", "mxfp4", "ln_exempt", "mxfp4_2d", "nvfp4", "ngpt + nvfp4", "gnmr + mxfp4"),
+    systems=("fp32", "mxfp4", "ln_exempt", "mxfp4_2d", "nvfp4", "ngpt + nvfp4", "gnmr + mxfp4"),
     stress={"lr": 0.1},
     stress_seeds=(0,),
     campaign=Campaign(grid_widths=(32,), grid_lrs=(3e-3, 1e-2), grid_recipes=("fp32", "paper_e4m3"), grid_steps=40,

@@ -1,4 +1,4 @@
-"""Seed 003's systems inside training: 2-D/NVFP4 recipes, sensitive-GEMM
+"""The systems (GNMR, 2-D FP4, NVFP4, nGPT) inside training: 2-D/NVFP4 recipes, sensitive-GEMM
 overrides, stochastic rounding keyed by (seed, step, layer, role), the
 forward/dgrad weight disagreement, and the nGPT student under the engine."""
 
@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 import mx_proxy as mxp
-from mx_proxy.nn import layers, resmlp as model
-from mx_proxy.numerics import recipe_json
+from mx_proxy.nn import layers
+from mx_proxy.nn import resmlp as model
 from mx_proxy.numerics import recipe as recipes
+from mx_proxy.numerics import recipe_json
 from mx_proxy.numerics.quantize import NVFP4, MXSpec, quantize
 from mx_proxy.training import diagnostics
 
