@@ -38,7 +38,6 @@ one back to float32 (host, for tests).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -54,6 +53,7 @@ from mx_proxy.numerics.mx import element
 from mx_proxy.numerics.mx.layout import split_blocks
 from mx_proxy.numerics.quantize import MXSpec
 from mx_proxy.pallas import backend
+from mx_proxy.pallas.records import array_record
 from mx_proxy.pallas.supported import check_spec
 from mx_proxy.pallas.tile import quantize_tile
 
@@ -73,12 +73,7 @@ def round_up(n: int, multiple: int) -> int:
     return max(-(-n // multiple), 1) * multiple
 
 
-@functools.partial(
-    jax.tree_util.register_dataclass,
-    data_fields=["data", "scales"],
-    meta_fields=["element", "block_size", "rows", "k"],
-)
-@dataclasses.dataclass(frozen=True)
+@array_record(data=("data", "scales"), meta=("element", "block_size", "rows", "k"))
 class MXOperand:
     """A K-major MX GEMM operand (module docstring for the byte layout).
 

@@ -45,7 +45,6 @@ containers and packed FP4, is :mod:`mx_proxy.pallas.operand`.)
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
@@ -61,6 +60,7 @@ from mx_proxy.numerics.mx import element
 from mx_proxy.numerics.mx.layout import normalize_axis
 from mx_proxy.numerics.quantize import MXSpec, quantize, quantize_stats
 from mx_proxy.pallas import backend
+from mx_proxy.pallas.records import array_record
 from mx_proxy.pallas.supported import MX_FORMATS, ROUNDINGS, check_spec, kernel_rules
 from mx_proxy.pallas.tile import (
     decode_tile,
@@ -85,12 +85,7 @@ SCALE_BIAS = scale.E8M0_BIAS
 # the packed tensor
 
 
-@functools.partial(
-    jax.tree_util.register_dataclass,
-    data_fields=["codes", "scales"],
-    meta_fields=["element", "block_size", "axis", "length"],
-)
-@dataclasses.dataclass(frozen=True)
+@array_record(data=("codes", "scales"), meta=("element", "block_size", "axis", "length"))
 class MXTensor:
     """An MX tensor in its packed form (see the module docstring for layout).
 
