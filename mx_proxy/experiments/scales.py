@@ -25,6 +25,7 @@ import dataclasses
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from mx_proxy.numerics.registry import Registry
 from mx_proxy.training.config import Config
 
 __all__ = ["ExperimentScale", "Campaign", "SCALES", "STRESS_RESERVED", "get", "names", "with_seeds"]
@@ -199,6 +200,11 @@ class ExperimentScale:
         object.__setattr__(self, "stress_seeds", seeds)
 
     @property
+    def doc(self) -> str:
+        """What this scale does and does not show (its :data:`SCALES` entry's doc): ``note``."""
+        return self.note
+
+    @property
     def stress_config(self) -> Config:
         """``config`` with the ``stress`` changes applied."""
         return self.config.replace(**self.stress)
@@ -260,31 +266,6 @@ _QUICK = ExperimentScale(
                 "Read every system against FP32 on the same seed.",
 )
 
-# The largest setting a 2-core CPU finishes in the background within hours: the
-# paper's batch, depth and LR at width 256 (and 128), 7000 steps, each MX run
-# with its FP32 run alongside.
-_MEDIUM = ExperimentScale(
-    name="medium",
-    config=Config(width=256, depth=4, batch=2048, lr=6e-4, steps=7000, diagnostics_every=10, val_every=500,
-                  checkpoint_every=500),
-    lr_grid=(6e-4, 1e-3),
-    intervention_steps=(4500, 5080),
-    depths=(4,),
-    widths=(128, 256),
-    sgd_lr=1.0,
-    seconds_per_run=None,
-    note="The paper's batch 2048, depth 4 and Adam LR 6e-4 at width 256 (and 128), 7000 steps: a background job "
-         "of hours on the 2-core CPU (~0.1 s/step at width 128, ~0.4 s at 256, each MX run with its FP32 run "
-         "alongside). Runs the paper's Fig. 4/5 measurements (`mx-proxy campaign --scale medium`); the results are "
-         "committed under results/medium/.",
-    campaign=Campaign(paired_recipes=("paper_e4m3", "mxfp8_e4m3"), paired_widths=(128, 256), paired_lrs=(6e-4,),
-                      paired_steps=7000, controls=(("fp32", "fp32", 1),)),
-    stress={"lr": 1e-3, "diagnostics_every": 0},
-    stress_seeds=(0, 1, 2),
-    stress_note="NOT RUN: a guess, the top of the paper's LR sweep (1e-3); the campaign's runs at LR 6e-4 are "
-                "the medium scale's measurements.",
-)
-
 _PAPER = ExperimentScale(
     name="paper",
     config=Config(width=512, depth=4, batch=2048, lr=6e-4, steps=9000, diagnostics_every=20, val_every=200,
@@ -314,7 +295,32 @@ _PAPER = ExperimentScale(
                 "config itself diverged once in MXFP8 E4M3 near step 5100 in the paper.",
 )
 
-SCALES: Mapping[str, ExperimentScale] = MappingProxyType({s.name: s for s in (_SMOKE, _QUICK, _MEDIUM, _PAPER)})
+# The largest setting a 2-core CPU finishes in the background within hours: the
+# paper's batch, depth and LR at width 256 (and 128), 7000 steps, each MX run
+# with its FP32 run alongside; the paper's Fig. 7 steps, SGD LR and stress
+# setting; float32 GEMMs (dot="f32").
+_MEDIUM = dataclasses.replace(
+    _PAPER,
+    name="medium",
+    config=_PAPER.config.replace(width=256, steps=7000, diagnostics_every=10, val_every=500, checkpoint_every=500,
+                                 dot="f32"),
+    lr_grid=(6e-4, 1e-3),
+    depths=(4,),
+    widths=(128, 256),
+    note="The paper's batch 2048, depth 4 and Adam LR 6e-4 at width 256 (and 128), 7000 steps: a background job "
+         "of hours on the 2-core CPU (~0.1 s/step at width 128, ~0.4 s at 256, each MX run with its FP32 run "
+         "alongside). Runs the paper's Fig. 4/5 measurements (`mx-proxy campaign --scale medium`); the results are "
+         "committed under results/medium/.",
+    campaign=Campaign(paired_recipes=("paper_e4m3", "mxfp8_e4m3"), paired_widths=(128, 256), paired_lrs=(6e-4,),
+                      paired_steps=7000, controls=(("fp32", "fp32", 1),)),
+    stress_note="NOT RUN: a guess, the top of the paper's LR sweep (1e-3); the campaign's runs at LR 6e-4 are "
+                "the medium scale's measurements.",
+)
+
+SCALES: Registry[ExperimentScale] = Registry("scale", "experiment sizes", ExperimentScale)
+"""Every scale, by name, smallest first."""
+for _scale in (_SMOKE, _QUICK, _MEDIUM, _PAPER):
+    SCALES.register(_scale)
 
 
 def names() -> tuple[str, ...]:
@@ -327,11 +333,7 @@ def get(name: "str | ExperimentScale") -> ExperimentScale:
     Raises:
       ValueError: naming the unknown value and the valid scales.
     """
-    if isinstance(name, ExperimentScale):
-        return name
-    if isinstance(name, str) and name in SCALES:
-        return SCALES[name]
-    raise ValueError(f"unknown scale {name!r}; valid: {', '.join(SCALES)}")
+    return name if isinstance(name, ExperimentScale) else SCALES.get(name)
 
 
 def with_seeds(scale: "str | ExperimentScale", seeds) -> ExperimentScale:
