@@ -37,8 +37,10 @@ from typing import Callable, Iterable
 import jax
 import pandas as pd
 
-from mx_proxy.experiments import analysis, campaign_units, executors, scales as _scales
-from mx_proxy.runner import interventions, loop as runner
+from mx_proxy.experiments import analysis, campaign_units, executors
+from mx_proxy.experiments import scales as _scales
+from mx_proxy.runner import interventions
+from mx_proxy.runner import loop as runner
 from mx_proxy.store import checkpoint as ckpt
 from mx_proxy.store import durable, files
 from mx_proxy.store import run_store as _store

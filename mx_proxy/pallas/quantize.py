@@ -62,13 +62,7 @@ from mx_proxy.numerics.quantize import MXSpec, quantize, quantize_stats
 from mx_proxy.pallas import backend
 from mx_proxy.pallas.records import array_record
 from mx_proxy.pallas.supported import MX_FORMATS, ROUNDINGS, check_spec, kernel_rules
-from mx_proxy.pallas.tile import (
-    decode_tile,
-    encode_tile,
-    fake_quantize_tile,
-    quantize_tile,
-    scale_bytes,
-)
+from mx_proxy.pallas.tile import decode_tile, encode_tile, fake_quantize_tile, quantize_tile, scale_bytes
 
 __all__ = [
     "MXTensor", "MX_FORMATS", "ROUNDINGS", "check_spec", "kernel_rules", "quantize_packed", "dequantize",
@@ -77,7 +71,6 @@ __all__ = [
 ]
 
 NAN_SCALE = scale.E8M0_NAN
-SCALE_BIAS = scale.E8M0_BIAS
 SCALE_BIAS = scale.E8M0_BIAS
 
 
