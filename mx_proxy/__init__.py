@@ -19,7 +19,7 @@ The public API a notebook sees::
     q = mxp.quantize(x, spec, axis=-1)       # float32 values on the MX grid
     s = mxp.quantize_stats(x, spec)          # clamped / last-bin / flushed fractions
 
-    # beyond the paper: 2-D tiles, NVFP4, nGPT, the GNMR controller
+    # the systems: 2-D tiles, NVFP4, nGPT, the GNMR controller
     mxp.train(cfg.replace(recipe="mxfp4_2d"))                     # or "mxfp8_2d", "nvfp4", "nvfp4_2d"
     mxp.train(cfg.replace(arch="ngpt", recipe="nvfp4"))
     run = mxp.train(cfg.replace(controller=mxp.GNMR(threshold=3.0, lock_steps=50, action="bf16")))

@@ -37,8 +37,10 @@ from typing import Callable, Iterable
 import jax
 import pandas as pd
 
-from mx_proxy.experiments import analysis, campaign_units, executors, scales as _scales
-from mx_proxy.runner import interventions, loop as runner
+from mx_proxy.experiments import analysis, campaign_units, executors
+from mx_proxy.experiments import scales as _scales
+from mx_proxy.runner import interventions
+from mx_proxy.runner import loop as runner
 from mx_proxy.store import checkpoint as ckpt
 from mx_proxy.store import durable, files
 from mx_proxy.store import run_store as _store
@@ -67,10 +69,10 @@ def lr_label(v: float) -> str:
     return f"{v:.0e}".replace("e-0", "e-")
 
 
-def plan(scale: str | _scales.Scale, kinds: Iterable[str] = KINDS) -> list[Entry]:
+def plan(scale: str | _scales.ExperimentScale, kinds: Iterable[str] = KINDS) -> list[Entry]:
     """The grid, paired and control runs of a scale's campaign (interventions
     follow from the trained paired run, see :func:`run`)."""
-    s = scale if isinstance(scale, _scales.Scale) else _scales.get(scale)
+    s = scale if isinstance(scale, _scales.ExperimentScale) else _scales.get(scale)
     c = s.campaign
     if c is None:
         raise ValueError(f"scale {s.name!r} has no campaign; scales with one: "
@@ -199,7 +201,7 @@ def _of_widths(entries: list, widths, scale: str) -> list:
     return [e for e in entries if e.config.width in set(widths)]
 
 
-def run(scale: str | _scales.Scale, out: str | os.PathLike, *, kinds: Iterable[str] = KINDS,
+def run(scale: str | _scales.ExperimentScale, out: str | os.PathLike, *, kinds: Iterable[str] = KINDS,
         widths: Iterable[int] | None = None, seeds: Iterable[int] | None = None, progress: bool = True,
         store: bool = True, log: Callable[[str], None] = print, estimate: bool = False,
         executor: executors.Executor | None = None) -> pd.DataFrame:
@@ -288,7 +290,7 @@ def _outcome(r: Run, kind: str) -> str:
     return "stable" if onset is None else (f"diverged at {onset}" if onset == r.diverged_at else f"blew up at {onset}")
 
 
-def _estimate(s: _scales.Scale, units, results: Path, log) -> None:
+def _estimate(s: _scales.ExperimentScale, units, results: Path, log) -> None:
     """Log the measured seconds per step of each paired group still to train, and the total."""
     total = 0.0
     for unit in units:
@@ -335,7 +337,7 @@ def _stop_checkpoint(parent: Run, step: int) -> bool:
     return bool(ckpt.meta(Path(parent.path) / "checkpoints", step).get("stopped"))
 
 
-def _interventions(s: _scales.Scale, widths, store, trained: dict, executor, progress, log) -> list:
+def _interventions(s: _scales.ExperimentScale, widths, store, trained: dict, executor, progress, log) -> list:
     """Fig. 7's units: paired runs at the largest width (first LR and seed)
     continued from each of :func:`intervention_steps` with each mitigation:
     the first paired recipe's run, or, with ``interventions_after_divergence``,

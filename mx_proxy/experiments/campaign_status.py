@@ -79,7 +79,7 @@ def _seconds_per_step(folder: Path) -> float:
     return min(rates) if rates else float("nan")
 
 
-def status(scale: str | _scales.Scale, out: str | os.PathLike,
+def status(scale: str | _scales.ExperimentScale, out: str | os.PathLike,
            kinds: Iterable[str] = ("paired", "control", "grid"), widths: Iterable[int] | None = None,
            seeds: Iterable[int] | None = None) -> pd.DataFrame:
     """One row per planned run of ``scale``'s campaign in ``out``: ``label``,

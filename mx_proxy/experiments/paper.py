@@ -4,7 +4,7 @@ Every notebook (``notebooks/02_*`` … ``08_*``) and every training figure of
 ``mx-proxy figures`` calls the functions here, so an experiment is written in one
 place: ``lr_sweep_runs(scale)`` trains (or loads from a run store) the runs of
 Fig. 2, ``ablation_runs(scale)`` those of Fig. 3, and so on. Each takes a
-scale (a name or a :class:`mx_proxy.experiments.scales.Scale`: every list an experiment
+scale (a name or a :class:`mx_proxy.experiments.scales.ExperimentScale`: every list an experiment
 iterates over is a field of the scale) and ``store`` (a run-store folder, or
 ``None`` to keep runs in memory), and returns :class:`mxp.Run` objects. The
 analysis of runs (instability measures, summary tables) is
@@ -44,8 +44,8 @@ ZETA_CONTROLS = (("paper_e4m3", "fp32", 0, 0), ("mxfp8_e4m3", "fp32", 0, 0), ("b
                  ("fp32", "fp32", 1, 0), ("fp32", "fp32", 0, 1))
 
 
-def scale(s: str | _scales.Scale = "quick") -> _scales.Scale:
-    """The :class:`~mx_proxy.experiments.scales.Scale` named ``s`` (or ``s`` itself)."""
+def scale(s: str | _scales.ExperimentScale = "quick") -> _scales.ExperimentScale:
+    """The :class:`~mx_proxy.experiments.scales.ExperimentScale` named ``s`` (or ``s`` itself)."""
     return _scales.get(s)
 
 

@@ -249,83 +249,68 @@ def _pair(label, cfg, recipes=("fp32", "mxfp8_e4m3"), note=""):
     return [(f"{label}/{r}", cfg.replace(recipe=r), note) for r in recipes]
 
 
+def _per_lr(base, lrs, recipes=("fp32", "mxfp8_e4m3")):
+    """Per learning rate (outer), the recipes (inner): labels ``lr<lr>/<recipe>``."""
+    return [row for lr in lrs for row in _pair(f"lr{lr:g}", base.replace(lr=lr), recipes)]
+
+
+def _per_recipe(base, recipes, lrs):
+    """Per recipe (outer), the learning rates (inner): labels ``lr<lr>/<recipe>``."""
+    return [(f"lr{lr:g}/{r}", base.replace(lr=lr, recipe=r), "") for r in recipes for lr in lrs]
+
+
+def _w64(steps: int, **changes) -> Config:
+    """The width-64 proxy of the search: depth 4, batch 256, diagnostics every 20 steps, validation every 100."""
+    return Config(width=64, depth=4, batch=256, steps=steps, diagnostics_every=20, val_every=100, **changes)
+
+
 @experiment
 def e01_baseline_w64():
     """Default proxy (teacher = student shape) at width 64, depth 4, batch 256: LR sweep, FP32 vs E4M3."""
-    base = Config(width=64, depth=4, batch=256, steps=2000, diagnostics_every=20, val_every=100)
-    out = []
-    for lr in (1e-3, 3e-3, 1e-2):
-        out += _pair(f"lr{lr:g}", base.replace(lr=lr))
-    return out
+    return _per_lr(_w64(2000), (1e-3, 3e-3, 1e-2))
 
 
 @experiment
 def e02_high_lr_w64():
     """Same model, higher LRs (3e-2, 1e-1) and 3000 steps: where does the 'expected' (FP32 too) instability start?"""
-    base = Config(width=64, depth=4, batch=256, steps=3000, diagnostics_every=20, val_every=100)
-    out = []
-    for lr in (3e-2, 1e-1):
-        out += _pair(f"lr{lr:g}", base.replace(lr=lr))
-    return out
+    return _per_lr(_w64(3000), (3e-2, 1e-1))
 
 
 @experiment
 def e03_harder_formats_w64():
     """w64 L4 b256, 3000 steps, LR 3e-3 and 1e-2: do FP6 E2M3 / FP4 (wider LN clamp window) collapse where FP32 does not?"""
-    base = Config(width=64, depth=4, batch=256, steps=3000, diagnostics_every=20, val_every=100)
-    out = []
-    for lr in (3e-3, 1e-2):
-        out += _pair(f"lr{lr:g}", base.replace(lr=lr), recipes=("fp32", "mxfp6_e2m3", "mxfp4"))
-    return out
+    return _per_lr(_w64(3000), (3e-3, 1e-2), recipes=("fp32", "mxfp6_e2m3", "mxfp4"))
 
 
 @experiment
 def e04_edge_lr_w64():
     """w64 L4 b256, 3000 steps, LR between the stable 1e-2 and the collapsing 3e-2: does MX collapse first?"""
-    base = Config(width=64, depth=4, batch=256, steps=3000, diagnostics_every=20, val_every=100)
-    out = []
-    for lr in (1.5e-2, 2e-2):
-        out += _pair(f"lr{lr:g}", base.replace(lr=lr), recipes=("fp32", "mxfp8_e4m3", "mxfp8_mixed"))
-    return out
+    return _per_lr(_w64(3000), (1.5e-2, 2e-2), recipes=("fp32", "mxfp8_e4m3", "mxfp8_mixed"))
 
 
 @experiment
 def e05_w128_long():
     """w128 L4 b512 (the notes' setting, lower 1/width plateau), LR 1e-3 and 3e-3, 4000 steps: FP32 vs E4M3."""
     base = Config(width=128, depth=4, batch=512, steps=4000, diagnostics_every=50, val_every=200)
-    out = []
-    for lr in (3e-3, 1e-3):
-        out += _pair(f"lr{lr:g}", base.replace(lr=lr), recipes=("mxfp8_e4m3", "fp32"))
-    return out
+    return _per_lr(base, (3e-3, 1e-3), recipes=("mxfp8_e4m3", "fp32"))
 
 
 @experiment
 def e06_sgd_w64():
     """Plain SGD (the paper's stability condition is derived for GD): w64 L4 b256, 1500 steps, LR 0.3/1/3, FP32 vs E4M3."""
-    base = Config(width=64, depth=4, batch=256, steps=1500, optimizer="sgd", diagnostics_every=20, val_every=100)
-    out = []
-    for r in ("fp32", "mxfp8_e4m3"):
-        for lr in (0.3, 1.0, 3.0):
-            out.append((f"lr{lr:g}/{r}", base.replace(lr=lr, recipe=r), ""))
-    return out
+    return _per_recipe(_w64(1500, optimizer="sgd"), ("fp32", "mxfp8_e4m3"), (0.3, 1.0, 3.0))
 
 
 @experiment
 def e07_sgd_edge_w64():
     """SGD near FP32's edge of stability (1 stable, 3 diverges at step 16): LR 1.5/2/2.5, 3000 steps, FP32 vs E4M3."""
-    base = Config(width=64, depth=4, batch=256, steps=3000, optimizer="sgd", diagnostics_every=20, val_every=100)
-    out = []
-    for r in ("fp32", "mxfp8_e4m3"):
-        for lr in (1.5, 2.0, 2.5):
-            out.append((f"lr{lr:g}/{r}", base.replace(lr=lr, recipe=r), ""))
-    return out
+    return _per_recipe(_w64(3000, optimizer="sgd"), ("fp32", "mxfp8_e4m3"), (1.5, 2.0, 2.5))
 
 
 @experiment
 def e08_sgd_lr275_w64():
     """SGD at LR 2.75 (between FP32-stable 2.5 and FP32-divergent 3), 3000 steps: FP32, E4M3, mixed, FP4."""
-    base = Config(width=64, depth=4, batch=256, steps=3000, optimizer="sgd", lr=2.75, diagnostics_every=20,
-                  val_every=100)
+    base = _w64(3000, optimizer="sgd", lr=2.75)
     return [(f"lr2.75/{r}", base.replace(recipe=r), "") for r in ("fp32", "mxfp8_e4m3", "mxfp8_mixed", "mxfp4")]
 
 

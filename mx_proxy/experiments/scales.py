@@ -1,11 +1,11 @@
 """Named experiment scales: ``smoke`` (seconds, CI), ``quick`` (minutes on a
 2-core CPU) and ``paper`` (the paper's proxy settings, a GPU job).
 
-Each :class:`Scale` carries the base :class:`~mx_proxy.training.config.Config` of that
+Each :class:`ExperimentScale` carries the base :class:`~mx_proxy.training.config.Config` of that
 scale plus the per-scale knobs the figures need: the learning-rate grid of the
 Fig. 2 sweep, the early/late intervention steps of Fig. 7, the depth and width
 grids of Fig. 9, the LR used for the SGD ablation of Fig. 10, and the
-*stress* setting of notebook 09 (:mod:`mx_proxy.experiments.beyond`): Config changes under
+*stress* setting of notebook 09 (:mod:`mx_proxy.experiments.systems`): Config changes under
 which plain MX runs diverge, trained over ``stress_seeds``. The numbers
 of ``quick`` come from the recorded search in ``mx_proxy/experiments/scale_search.py``
 (every run it made is a row of ``results/scale_search.csv``);
@@ -25,9 +25,10 @@ import dataclasses
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from mx_proxy.numerics.registry import Registry
 from mx_proxy.training.config import Config
 
-__all__ = ["Scale", "Campaign", "SCALES", "STRESS_RESERVED", "get", "names", "with_seeds"]
+__all__ = ["ExperimentScale", "Campaign", "SCALES", "STRESS_RESERVED", "get", "names", "with_seeds"]
 
 # Config fields a scale's stress setting may not change: each system of
 # notebook 09 sets the first three, stress_seeds the last.
@@ -110,8 +111,8 @@ class Campaign:
 
 
 @dataclasses.dataclass(frozen=True)
-class Scale:
-    """One named scale (frozen).
+class ExperimentScale:
+    """One named experiment size (frozen): a base config and the per-scale experiment lists.
 
     Attributes:
       name: ``smoke``, ``quick`` or ``paper``.
@@ -127,7 +128,7 @@ class Scale:
       note: what this scale does and does not show.
       stress: Config changes (field → value, read-only) applied to ``config``
         to make plain MX runs diverge: the second setting of notebook 09
-        (:func:`mx_proxy.experiments.beyond.runs`). May not change what a system sets
+        (:func:`mx_proxy.experiments.systems.runs`). May not change what a system sets
         (``recipe``, ``arch``, ``controller``) or the seed (``stress_seeds``).
         Empty (the default): the stress setting is the base config.
       stress_seeds: student-init seeds of the stress setting (distinct,
@@ -138,8 +139,8 @@ class Scale:
       ablation_cells: (activation, norm) cells of the Fig. 3 ablation.
       gradient_recipes: recipes of the Fig. 4 runs (against the same-point reference).
       interventions: names of :data:`mx_proxy.numerics.recipe.MITIGATIONS` applied in-situ for Fig. 7.
-      beyond_systems: the systems of notebook 09 (names of
-        :data:`mx_proxy.experiments.beyond.SYSTEMS`), or ``None`` for all of them.
+      systems: the systems of notebook 09 (names of
+        :data:`mx_proxy.experiments.systems.SYSTEMS`), or ``None`` for all of them.
     """
 
     name: str
@@ -160,7 +161,7 @@ class Scale:
         + tuple(("gelu", n) for n in ("rmsnorm", "layernorm_noaffine", "none")))
     gradient_recipes: tuple[str, ...] = ("mxfp8_e4m3", "mxfp6_e2m3", "mxfp4")
     interventions: tuple[str, ...] = ("fp32", "ln_exempt", "rceil", "bf16_activations")
-    beyond_systems: tuple[str, ...] | None = None
+    systems: tuple[str, ...] | None = None
 
     def __post_init__(self):
         early, late = self.intervention_steps
@@ -199,12 +200,17 @@ class Scale:
         object.__setattr__(self, "stress_seeds", seeds)
 
     @property
+    def doc(self) -> str:
+        """What this scale does and does not show (its :data:`SCALES` entry's doc): ``note``."""
+        return self.note
+
+    @property
     def stress_config(self) -> Config:
         """``config`` with the ``stress`` changes applied."""
         return self.config.replace(**self.stress)
 
 
-_SMOKE = Scale(
+_SMOKE = ExperimentScale(
     name="smoke",
     config=Config(width=32, depth=2, batch=64, lr=3e-3, steps=100, diagnostics_every=10, val_every=50,
                   val_batches=2),
@@ -218,7 +224,7 @@ _SMOKE = Scale(
     ablation_cells=(("gelu", "layernorm"), ("relu2", "rmsnorm"), ("silu", "layernorm_noaffine")),
     gradient_recipes=("mxfp8_e4m3",),
     interventions=("fp32", "ln_exempt"),
-    beyond_systems=("fp32", "mxfp4", "ln_exempt", "mxfp4_2d", "nvfp4", "ngpt + nvfp4", "gnmr + mxfp4"),
+    systems=("fp32", "mxfp4", "ln_exempt", "mxfp4_2d", "nvfp4", "ngpt + nvfp4", "gnmr + mxfp4"),
     stress={"lr": 0.1},
     stress_seeds=(0,),
     campaign=Campaign(grid_widths=(32,), grid_lrs=(3e-3, 1e-2), grid_recipes=("fp32", "paper_e4m3"), grid_steps=40,
@@ -236,7 +242,7 @@ _SMOKE = Scale(
 # (steps ~600-1000), a ‖ζ‖ bound of 0.1-1.2 with cosine dips to ~0, and, on
 # the lr_grid, the "expected" instability (FP32 and MX both collapse to loss ~1
 # at LR 3e-2; at 1.5e-2 it is a coin toss which recipe collapses).
-_QUICK = Scale(
+_QUICK = ExperimentScale(
     name="quick",
     config=Config(width=64, depth=4, batch=256, lr=3e-3, steps=3000, diagnostics_every=20, val_every=100),
     lr_grid=(1e-3, 3e-3, 1e-2, 1.5e-2, 2e-2, 3e-2),
@@ -260,32 +266,7 @@ _QUICK = Scale(
                 "Read every system against FP32 on the same seed.",
 )
 
-# The largest setting a 2-core CPU finishes in the background within hours: the
-# paper's batch, depth and LR at width 256 (and 128), 7000 steps, each MX run
-# with its FP32 run alongside.
-_MEDIUM = Scale(
-    name="medium",
-    config=Config(width=256, depth=4, batch=2048, lr=6e-4, steps=7000, diagnostics_every=10, val_every=500,
-                  checkpoint_every=500),
-    lr_grid=(6e-4, 1e-3),
-    intervention_steps=(4500, 5080),
-    depths=(4,),
-    widths=(128, 256),
-    sgd_lr=1.0,
-    seconds_per_run=None,
-    note="The paper's batch 2048, depth 4 and Adam LR 6e-4 at width 256 (and 128), 7000 steps: a background job "
-         "of hours on the 2-core CPU (~0.1 s/step at width 128, ~0.4 s at 256, each MX run with its FP32 run "
-         "alongside). Runs the paper's Fig. 4/5 measurements (`mx-proxy campaign --scale medium`); the results are "
-         "committed under results/medium/.",
-    campaign=Campaign(paired_recipes=("paper_e4m3", "mxfp8_e4m3"), paired_widths=(128, 256), paired_lrs=(6e-4,),
-                      paired_steps=7000, controls=(("fp32", "fp32", 1),)),
-    stress={"lr": 1e-3, "diagnostics_every": 0},
-    stress_seeds=(0, 1, 2),
-    stress_note="NOT RUN: a guess, the top of the paper's LR sweep (1e-3); the campaign's runs at LR 6e-4 are "
-                "the medium scale's measurements.",
-)
-
-_PAPER = Scale(
+_PAPER = ExperimentScale(
     name="paper",
     config=Config(width=512, depth=4, batch=2048, lr=6e-4, steps=9000, diagnostics_every=20, val_every=200,
                   dot="bf16"),
@@ -314,27 +295,48 @@ _PAPER = Scale(
                 "config itself diverged once in MXFP8 E4M3 near step 5100 in the paper.",
 )
 
-SCALES: Mapping[str, Scale] = MappingProxyType({s.name: s for s in (_SMOKE, _QUICK, _MEDIUM, _PAPER)})
+# The largest setting a 2-core CPU finishes in the background within hours: the
+# paper's batch, depth and LR at width 256 (and 128), 7000 steps, each MX run
+# with its FP32 run alongside; the paper's Fig. 7 steps, SGD LR and stress
+# setting; float32 GEMMs (dot="f32").
+_MEDIUM = dataclasses.replace(
+    _PAPER,
+    name="medium",
+    config=_PAPER.config.replace(width=256, steps=7000, diagnostics_every=10, val_every=500, checkpoint_every=500,
+                                 dot="f32"),
+    lr_grid=(6e-4, 1e-3),
+    depths=(4,),
+    widths=(128, 256),
+    note="The paper's batch 2048, depth 4 and Adam LR 6e-4 at width 256 (and 128), 7000 steps: a background job "
+         "of hours on the 2-core CPU (~0.1 s/step at width 128, ~0.4 s at 256, each MX run with its FP32 run "
+         "alongside). Runs the paper's Fig. 4/5 measurements (`mx-proxy campaign --scale medium`); the results are "
+         "committed under results/medium/.",
+    campaign=Campaign(paired_recipes=("paper_e4m3", "mxfp8_e4m3"), paired_widths=(128, 256), paired_lrs=(6e-4,),
+                      paired_steps=7000, controls=(("fp32", "fp32", 1),)),
+    stress_note="NOT RUN: a guess, the top of the paper's LR sweep (1e-3); the campaign's runs at LR 6e-4 are "
+                "the medium scale's measurements.",
+)
+
+SCALES: Registry[ExperimentScale] = Registry("scale", "experiment sizes", ExperimentScale)
+"""Every scale, by name, smallest first."""
+for _scale in (_SMOKE, _QUICK, _MEDIUM, _PAPER):
+    SCALES.register(_scale)
 
 
 def names() -> tuple[str, ...]:
     return tuple(SCALES)
 
 
-def get(name: "str | Scale") -> Scale:
-    """The named scale (a :class:`Scale` passes through).
+def get(name: "str | ExperimentScale") -> ExperimentScale:
+    """The named scale (a :class:`ExperimentScale` passes through).
 
     Raises:
       ValueError: naming the unknown value and the valid scales.
     """
-    if isinstance(name, Scale):
-        return name
-    if isinstance(name, str) and name in SCALES:
-        return SCALES[name]
-    raise ValueError(f"unknown scale {name!r}; valid: {', '.join(SCALES)}")
+    return name if isinstance(name, ExperimentScale) else SCALES.get(name)
 
 
-def with_seeds(scale: "str | Scale", seeds) -> Scale:
+def with_seeds(scale: "str | ExperimentScale", seeds) -> ExperimentScale:
     """The scale with its campaign's paired runs and controls at ``seeds``
     (student-init seeds) instead of its own; ``None`` keeps them.
 

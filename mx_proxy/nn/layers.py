@@ -12,8 +12,8 @@ that want them together (``from mx_proxy.nn import layers``):
 * :mod:`mx_proxy.nn.rounding`: ``vround``, ``bf16_round``.
 
 ``mx_matmul`` is the earlier name of ``quantized_matmul`` (``mx_matmul``
-itself is the Pallas GEMM, :func:`mx_proxy.pallas.matmul.mx_matmul`);
-``ROLES`` the earlier name of :data:`mx_proxy.numerics.operands.OPERANDS`.
+itself is the Pallas GEMM, :func:`mx_proxy.pallas.matmul.mx_matmul`).
+The six GEMM operands are :data:`mx_proxy.numerics.operands.OPERANDS`.
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ from mx_proxy.nn.rounding import bf16_round, vround
 from mx_proxy.numerics.operands import OPERANDS
 
 __all__ = ["mx_dense", "quantized_matmul", "layer_norm", "rms_norm", "activation", "ACTIVATIONS", "vround",
-           "bf16_round", "quantize_affine", "OPERANDS", "operand_key", "switch", "mx_matmul", "ROLES",
+           "bf16_round", "quantize_affine", "OPERANDS", "operand_key", "switch", "mx_matmul",
            "_q", "_dense2d", "_bf16_exact", "_ln_precisions"]
 
 mx_matmul = quantized_matmul  # the earlier name (tests and notebooks)
-ROLES = OPERANDS  # the earlier name of the six operands

@@ -94,8 +94,8 @@ import jax
 import jax.numpy as jnp
 
 from mx_proxy.nn import layers
-from mx_proxy.nn.blocks import _flag, _fold, _kernel_init, fc1_width, hidden_width, layer_names
-from mx_proxy.numerics.recipe import PRESETS, Recipe
+from mx_proxy.nn.blocks import BlockFields, StudentFields, _flag, _fold, _kernel_init, block_widths, layer_recipes
+from mx_proxy.numerics.recipe import Recipe
 
 __all__ = ["NGPTStudent", "NGPTBlock", "normalize_weights", "sphere_norm", "WEIGHT_NORM_AXES",
            "ALPHA_INIT_FACTOR", "HEAD_INIT", "alpha_init"]
@@ -157,32 +157,22 @@ def _norm_precision(recipe: Recipe) -> str:
     return recipe.vector if recipe.ln_precision == "vector" else "fp32"
 
 
-class NGPTBlock(nn.Module):
-    """One block on the sphere (block ``index`` of ``depth``); see the module
-    docstring. Params ``fc1, fc2, alpha, s_u``; sows ``fc1_in``, ``fc2_in``
-    and ``hidden`` (its output)."""
-
-    width: int
-    act: str
-    init_scheme: str
-    init_gain: float
-    recipe: Recipe
-    index: int = 0
-    depth: int = 1
-    high_recipe: Recipe | None = None
+class NGPTBlock(BlockFields):
+    """One block on the sphere (block ``index`` of ``depth``; the fields of
+    :class:`~mx_proxy.nn.blocks.BlockFields`); see the module docstring.
+    Params ``fc1, fc2, alpha, s_u``; sows ``fc1_in``, ``fc2_in`` and
+    ``hidden`` (its output)."""
 
     @nn.compact
     def __call__(self, h, key=None, promote=None):
-        d, hid = self.width, hidden_width(self.width, self.act)
-        f = fc1_width(hid, self.act)
+        d, hid, f = block_widths(self.width, self.act)
         r, hi = self.recipe, self.high_recipe
         w1 = self.param("fc1", _unit_init(self.init_scheme, self.init_gain, WEIGHT_NORM_AXES["fc1"]), (d, f))
         w2 = self.param("fc2", _unit_init(self.init_scheme, self.init_gain, WEIGHT_NORM_AXES["fc2"]), (hid, d))
         s_u = self.param("s_u", nn.initializers.ones, (f,))
         a_init, a_scale = alpha_init(self.depth), 1.0 / math.sqrt(d)
         alpha = self.param("alpha", nn.initializers.constant(a_scale), (d,))
-        r1 = r.for_layer(*layer_names(self.index, self.depth, "fc1"))
-        r2 = r.for_layer(*layer_names(self.index, self.depth, "fc2"))
+        r1, r2 = layer_recipes(r, self.index, self.depth)
         norm_flag, gemm = _flag(promote, 0), _flag(promote, 1)
 
         def scale_act(u, rc):
@@ -228,19 +218,12 @@ class _Head(nn.Module):
         return layers.switch(flag, out, self.recipe, self.high_recipe)
 
 
-class NGPTStudent(nn.Module):
+class NGPTStudent(StudentFields):
     """Hypersphere-normalized residual MLP student (nGPT-style); params
     ``block_{i}/{fc1, fc2, alpha, s_u}`` and ``head/scale``. Call signature
     and ``promote``/``key`` semantics as :class:`mx_proxy.nn.resmlp.Student`; after
-    every optimizer step the weights need :func:`normalize_weights`."""
-
-    width: int
-    depth: int
-    act: str = "gelu"
-    init_scheme: str = "pytorch"
-    init_gain: float = 0.5
-    recipe: Recipe = PRESETS["fp32"]
-    high_recipe: Recipe | None = None
+    every optimizer step the weights need :func:`normalize_weights`. The
+    fields of :class:`~mx_proxy.nn.blocks.StudentFields`."""
 
     @nn.compact
     def __call__(self, x, key=None, promote=None):

@@ -31,36 +31,40 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from mx_proxy.nn import activations, dense
-from mx_proxy.nn.blocks import INITS, _bias_init, _flag, _fold, _kernel_init, fc1_width, hidden_width, layer_names
+from mx_proxy.nn.blocks import (
+    INITS,
+    BlockFields,
+    StudentFields,
+    _bias_init,
+    _flag,
+    _fold,
+    _kernel_init,
+    block_widths,
+    fc1_width,
+    hidden_width,
+    layer_names,
+    layer_recipes,
+)
 from mx_proxy.nn.norms import NORMS, normalize
-from mx_proxy.numerics.recipe import PRESETS, Recipe
+from mx_proxy.numerics.recipe import PRESETS
 
 __all__ = ["Student", "Teacher", "hidden_width", "fc1_width", "layer_names", "normalize", "INITS", "NORMS"]
 
-class Block(nn.Module):
-    """One residual block ``x + fc2(act(fc1(norm(x))))`` (block ``index`` of ``depth``)."""
+class Block(BlockFields):
+    """One residual block ``x + fc2(act(fc1(norm(x))))`` (block ``index`` of
+    ``depth``; the fields of :class:`~mx_proxy.nn.blocks.BlockFields`, and ``norm``)."""
 
-    width: int
-    act: str
-    norm: str
-    init_scheme: str
-    init_gain: float
-    recipe: Recipe
-    index: int = 0
-    depth: int = 1
-    high_recipe: Recipe | None = None
+    norm: str = "layernorm"
 
     @nn.compact
     def __call__(self, x, key=None, promote=None):
-        d, h = self.width, hidden_width(self.width, self.act)
-        fc1_out = fc1_width(h, self.act)
+        d, h, fc1_out = block_widths(self.width, self.act)
         r, hi = self.recipe, self.high_recipe
         z = normalize(self, self.norm, x, d, _flag(promote, 0), r, hi)
         w1 = self.param("fc1", _kernel_init(self.init_scheme, self.init_gain), (d, fc1_out))
         w2 = self.param("fc2", _kernel_init(self.init_scheme, self.init_gain), (h, d))
         b2 = self.param("fc2_bias", _bias_init(self.init_scheme, h), (d,))
-        r1 = r.for_layer(*layer_names(self.index, self.depth, "fc1"))
-        r2 = r.for_layer(*layer_names(self.index, self.depth, "fc2"))
+        r1, r2 = layer_recipes(r, self.index, self.depth)
         gemm = _flag(promote, 1)
         self.sow("intermediates", "fc1_in", z)
 
@@ -74,27 +78,22 @@ class Block(nn.Module):
         return x + self.perturb("fc2_out", y2)
 
 
-class Student(nn.Module):
+class Student(StudentFields):
     """Residual MLP student; params ``block_{i}/{ln_gain, ln_bias, fc1, fc2, fc2_bias}``
     (``ln_gain`` only with ``norm="rmsnorm"``; neither with ``"layernorm_noaffine"`` or ``"none"``).
+    The fields of :class:`~mx_proxy.nn.blocks.StudentFields`, and ``norm``.
 
     ``high_recipe``: the precision a promoted unit switches to (see the module
     docstring); ``None`` when no controller runs."""
 
-    width: int
-    depth: int
-    act: str = "gelu"
     norm: str = "layernorm"
-    init_scheme: str = "pytorch"
-    init_gain: float = 0.5
-    recipe: Recipe = PRESETS["fp32"]
-    high_recipe: Recipe | None = None
 
     @nn.compact
     def __call__(self, x, key=None, promote=None):
         for i in range(self.depth):
-            x = Block(self.width, self.act, self.norm, self.init_scheme, self.init_gain, self.recipe, i, self.depth,
-                      self.high_recipe, name=f"block_{i}")(x, _fold(key, i), None if promote is None else promote[i])
+            x = Block(self.width, self.act, self.init_scheme, self.init_gain, self.recipe, i, self.depth,
+                      self.high_recipe, norm=self.norm, name=f"block_{i}")(x, _fold(key, i),
+                                                                           None if promote is None else promote[i])
         return x
 
 

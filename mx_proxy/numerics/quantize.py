@@ -5,8 +5,9 @@
 scale 2**e (stored in hardware as E8M0), and each element is rounded to the
 element format after division by that scale.
 
-This module holds the what (:class:`MXSpec`, :class:`QuantStats`) and the
-entry points (:func:`quantize`, :func:`quantize_stats`); the how is the bit
+This module holds the entry points (:func:`quantize`, :func:`quantize_stats`)
+and what they report (:class:`QuantStats`); the spec they take,
+:class:`MXSpec`, is :mod:`mx_proxy.numerics.spec` (re-exported here); the how is the bit
 arithmetic of :mod:`mx_proxy.numerics.mx`, written once and shared with the Pallas
 kernels in ``mx_proxy/pallas/``:
 
@@ -69,7 +70,6 @@ where and why the two differ otherwise).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -77,113 +77,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mx_proxy.numerics import formats as _formats
-from mx_proxy.numerics import scale_rules as _scale_rules
-from mx_proxy.numerics.formats import ElementFormat
 from mx_proxy.numerics.mx import bits as B
 from mx_proxy.numerics.mx import nvfp4 as _nv
-from mx_proxy.numerics.mx.block_scale import (NAN_SCALE_EXP, SCALE_EXP_MAX, SCALE_EXP_MIN, SCALE_RULES, Block,
-                                              block_quantities, element_bump, lookup_block_quantities)
+from mx_proxy.numerics.mx.block_scale import (
+    NAN_SCALE_EXP,
+    SCALE_EXP_MAX,
+    SCALE_EXP_MIN,
+    SCALE_RULES,
+    Block,
+    block_quantities,
+    element_bump,
+    lookup_block_quantities,
+)
 from mx_proxy.numerics.mx.element import ROUNDINGS, quantize_magnitudes
 from mx_proxy.numerics.mx.layout import Layout, normalize_axis
 from mx_proxy.numerics.mx.nvfp4 import E2M1_MAX, E4M3_MAX, ZERO_SCALE_EXP
+from mx_proxy.numerics.spec import BLOCK_DIMS, E4M3_ELEMENTS, E4M3_SCALE_RULES, NVFP4, NVFP4_2D, SCALE_FORMATS, MXSpec
 
 __all__ = ["MXSpec", "QuantStats", "quantize", "quantize_stats", "NVFP4", "NVFP4_2D", "SCALE_RULES",
            "E4M3_SCALE_RULES", "SCALE_FORMATS", "BLOCK_DIMS", "ROUNDINGS", "E4M3_ELEMENTS", "SCALE_EXP_MIN",
            "SCALE_EXP_MAX", "NAN_SCALE_EXP", "ZERO_SCALE_EXP", "E4M3_MAX", "E2M1_MAX"]
-
-E4M3_SCALE_RULES = ("amax",)  # E4M3 (NVFP4) block scales: block amax / 6, see mx_proxy.numerics.mx.nvfp4
-SCALE_FORMATS = ("e8m0", "e4m3")
-BLOCK_DIMS = (1, 2)
-E4M3_ELEMENTS = ("fp4_e2m1",)  # element formats with E4M3 scales (NVFP4)
-
-
-@dataclasses.dataclass(frozen=True)
-class MXSpec:
-    """How one tensor is block-quantized (frozen, hashable, validated).
-
-    Attributes:
-      element: element format (an :class:`ElementFormat` or its name).
-      block_size: elements per shared scale along the block axis (OCP: 32;
-        NVFP4: 16); with ``block_dims=2`` the side of the square tile.
-      scale_rule: E8M0 scales: a rule of :mod:`mx_proxy.numerics.scale_rules`
-        (``mx-proxy list scale-rules``): ``"floor"`` (OCP v1.0), ``"rceil"``
-        (round the scale up so nothing saturates), torchao's ``"ceil"`` and
-        ``"even"``, or ``"paper_bump"`` (the authors' exponent bump, E4M3
-        1-D blocks only). E4M3 scales: ``"amax"`` (the NVFP4 recipe; the only
-        one). ``None`` (the default) picks ``"floor"`` for E8M0 and
-        ``"amax"`` for E4M3; the stored value is always the resolved one.
-      rounding: ``"even"``, ``"away"`` or ``"stochastic"`` (needs a PRNG key);
-        of the elements only (E4M3 block scales always round to nearest even).
-      block_dims: 1 (blocks along the ``axis`` of :func:`quantize`) or 2
-        (``block_size x block_size`` tiles over the last two axes, ``axis``
-        ignored).
-      scale_format: ``"e8m0"`` (OCP MX: power-of-two block scales) or
-        ``"e4m3"`` (NVFP4: FP8 E4M3 block scales times one float32 scale per
-        tensor; element ``fp4_e2m1`` only). See the module docstring.
-    """
-
-    element: ElementFormat | str
-    block_size: int = 32
-    scale_rule: str | None = None
-    rounding: str = "even"
-    block_dims: int = 1
-    scale_format: str = "e8m0"
-
-    def __post_init__(self):
-        object.__setattr__(self, "element", _formats.get(self.element))
-        if self.element.is_vector:
-            raise ValueError(
-                f"MXSpec element must be an MX element format, not {self.element.name!r}; "
-                f"valid: {', '.join(n for n in _formats.names() if not _formats.get(n).is_vector)}"
-            )
-        bs = self.block_size
-        if isinstance(bs, bool) or not isinstance(bs, (int, np.integer)) or bs <= 0:
-            raise ValueError(f"block_size must be a positive integer, got {bs!r}")
-        object.__setattr__(self, "block_size", int(bs))
-        if self.scale_format not in SCALE_FORMATS:
-            raise ValueError(f"unknown scale_format {self.scale_format!r}; valid: {', '.join(SCALE_FORMATS)}")
-        bd = self.block_dims
-        if isinstance(bd, bool) or not isinstance(bd, (int, np.integer)) or bd not in BLOCK_DIMS:
-            raise ValueError(f"block_dims must be one of {', '.join(map(str, BLOCK_DIMS))} (1: blocks along an "
-                             f"axis, 2: square tiles over the last two axes), got {bd!r}")
-        object.__setattr__(self, "block_dims", int(bd))
-        rules = _scale_rules.names() if self.scale_format == "e8m0" else E4M3_SCALE_RULES
-        if self.scale_rule is None:
-            object.__setattr__(self, "scale_rule", rules[0])
-        if self.scale_rule not in rules:
-            raise ValueError(f"unknown scale_rule {self.scale_rule!r} for scale_format={self.scale_format!r}; "
-                             f"valid: {', '.join(rules)} (or None for {rules[0]!r})")
-        if self.scale_format == "e4m3" and self.element.name not in E4M3_ELEMENTS:
-            raise ValueError(f"scale_format='e4m3' (NVFP4) needs element {' or '.join(E4M3_ELEMENTS)}, "
-                             f"got {self.element.name!r}; for other elements use scale_format='e8m0'")
-        if self.scale_format == "e8m0":
-            self.rule.check(self.element.name, self.block_dims)
-        if self.rounding not in ROUNDINGS:
-            raise ValueError(f"unknown rounding {self.rounding!r}; valid: {', '.join(ROUNDINGS)}")
-
-    @property
-    def rule(self) -> "_scale_rules.ScaleRule | None":
-        """The :class:`~mx_proxy.numerics.scale_rules.ScaleRule` of E8M0 scales (``None`` for E4M3 scales)."""
-        return _scale_rules.get(self.scale_rule) if self.scale_format == "e8m0" else None
-
-    @property
-    def name(self) -> str:
-        """Short label, e.g. ``mxfp8_e4m3/32/floor/even``, ``mxfp4_e2m1/32x32/rceil/even``
-        (2-D tiles) or ``nvfp4_e2m1/16/amax/even`` (E4M3 scales)."""
-        prefix = "nv" if self.scale_format == "e4m3" else "mx"
-        tile = f"{self.block_size}x{self.block_size}" if self.block_dims == 2 else f"{self.block_size}"
-        return f"{prefix}{self.element.name}/{tile}/{self.scale_rule}/{self.rounding}"
-
-    def replace(self, **changes) -> "MXSpec":
-        return dataclasses.replace(self, **changes)
-
-
-NVFP4 = MXSpec("fp4_e2m1", block_size=16, scale_format="e4m3")
-"""NVIDIA NVFP4: E2M1 elements, 16-element blocks with E4M3 scales, one float32 scale per tensor."""
-NVFP4_2D = NVFP4.replace(block_dims=2)
-"""NVFP4 with 16x16 tiles (TE's recipe for weights)."""
-
 
 class QuantStats(NamedTuple):
     """What one quantization did (the paper's overflow diagnostics).

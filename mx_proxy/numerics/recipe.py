@@ -12,8 +12,7 @@ from typing import Callable, Iterable
 
 from mx_proxy.numerics import scale_rules
 from mx_proxy.numerics.quantize import NVFP4, MXSpec
-from mx_proxy.numerics.recipe_type import (DOTS, LN_PRECISIONS, OPERANDS, VECTOR_PRECISIONS, VECTOR_ROUNDINGS,
-                                           Recipe)
+from mx_proxy.numerics.recipe_type import DOTS, LN_PRECISIONS, OPERANDS, VECTOR_PRECISIONS, VECTOR_ROUNDINGS, Recipe
 
 __all__ = ["Recipe", "PRESETS", "get", "names", "VECTOR_PRECISIONS", "VECTOR_ROUNDINGS", "LN_PRECISIONS", "table",
            "DOTS", "FAMILIES", "Mitigation", "MITIGATIONS", "mitigate", "mitigation", "with_scale_rule", "description"]
@@ -142,7 +141,7 @@ def _mixed(name: str, fwd: str, bwd: str, *, rounding: str = "even", ln_affine: 
 def _two_d(name: str, element: str, *, grad_rounding: str = "even", tile: int = 32,
            overrides: tuple = ()) -> Recipe:
     """Truncation-free (rceil) 1-D blocks for activations and gradients, one
-    2-D tile spec shared by the forward and dgrad weight (seed 003's FP4
+    2-D tile spec shared by the forward and dgrad weight (the 2-D block FP4
     recipe); LN affine unquantized, bf16 vector math."""
     act = MXSpec(element, scale_rule="rceil")
     grad = act.replace(rounding=grad_rounding)
@@ -175,7 +174,7 @@ def _paper_family() -> list[Recipe]:
     ]
 
 
-def _beyond_the_paper() -> list[Recipe]:
+def _systems() -> list[Recipe]:
     mxfp8_2d = _two_d("mxfp8_2d", "fp8_e4m3")
     sensitive = mxfp8_2d.replace(name="mxfp8_2d (sensitive GEMM)")
     mxfp4_2d = _two_d("mxfp4_2d", "fp4_e2m1", grad_rounding="stochastic",
@@ -203,7 +202,7 @@ def _build_presets() -> dict[str, Recipe]:
         _mixed("reference_mixed", "fp8_e4m3", "fp8_e5m2", rounding="away", ln_affine=False).replace(
             wgrad_x=MXSpec("fp8_e4m3", rounding="away"), vector_rounding="away"),
         *_paper_family(),
-        *_beyond_the_paper(),
+        *_systems(),
     ]
     return {r.name: r for r in presets}
 
@@ -216,7 +215,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "principled": ("mxfp8_e4m3", "mxfp8_e5m2", "mxfp8_mixed", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4", "mxint8",
                    "forward_only", "bf16_activations", "ln_exempt", "rceil"),
     "authors_code": ("reference_mixed", "paper_e4m3", "paper_mix", "paper_fp6", "paper_forward_only"),
-    "beyond": ("mxfp8_2d", "mxfp4_2d", "nvfp4", "nvfp4_2d"),
+    "systems": ("mxfp8_2d", "mxfp4_2d", "nvfp4", "nvfp4_2d"),
 }
 
 _DESCRIPTIONS = {
@@ -230,7 +229,8 @@ _DESCRIPTIONS = {
     "mxfp4": "as mxfp8_e4m3 with FP4 E2M1 everywhere",
     "mxint8": "as mxfp8_e4m3 with MXINT8 everywhere",
     "forward_only": "mxfp8_e4m3 forward; backward GEMMs unquantized (bf16): paper mitigation",
-    "bf16_activations": "weights MXFP8 E4M3 in forward and dgrad; activations, gradients and LN in bf16: paper mitigation",
+    "bf16_activations": "weights MXFP8 E4M3 in forward and dgrad; activations, gradients and LN in bf16: paper "
+                        "mitigation",
     "ln_exempt": "mxfp8_e4m3 but LN math in fp32 and LN affine not quantized: paper mitigation",
     "rceil": "mxfp8_e4m3 with the round-up ('bumped exponent') scale: never clamps",
     "reference_mixed": "the reference library's Linear with its mx-mix specs, bit for bit: E4M3 forward, E5M2 for the "
@@ -243,11 +243,14 @@ _DESCRIPTIONS = {
     "paper_fp6": "the authors' FP6: E2M3 on all six operands; otherwise as paper_e4m3",
     "paper_forward_only": "the authors' forward-only mitigation: paper_e4m3 forward, the whole backward in fp32 "
                           "(no MX, no bf16)",
-    "mxfp8_2d": "E4M3 with rceil scales everywhere; weights in 32×32 tiles, so forward and dgrad see one quantized W; LN affine unquantized",
-    "mxfp4_2d": "seed 003's FP4 recipe: E2M1, rceil, 32×32 weight tiles, stochastic rounding of gradients; the sensitive GEMMs "
+    "mxfp8_2d": "E4M3 with rceil scales everywhere; weights in 32×32 tiles, so forward and dgrad see one quantized W; "
+                "LN affine unquantized",
+    "mxfp4_2d": "2-D block FP4: E2M1, rceil, 32×32 weight tiles, stochastic rounding of gradients; the sensitive GEMMs "
                 "(first/fc1, last/fc2) in mxfp8_2d; LN affine unquantized",
-    "nvfp4": "NVFP4: E2M1 in 16-element blocks with E4M3 block scales and a per-tensor FP32 scale, all six operands; LN affine unquantized",
-    "nvfp4_2d": "nvfp4 with 16×16 weight tiles and stochastic rounding of gradients (NVIDIA's NVFP4 training recipe, without the Hadamard transform)",
+    "nvfp4": "NVFP4: E2M1 in 16-element blocks with E4M3 block scales and a per-tensor FP32 scale, all six operands; "
+             "LN affine unquantized",
+    "nvfp4_2d": "nvfp4 with 16×16 weight tiles and stochastic rounding of gradients (NVIDIA's NVFP4 training recipe, "
+                "without the Hadamard transform)",
 }
 
 

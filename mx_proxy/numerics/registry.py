@@ -40,19 +40,25 @@ class Registry(Generic[E]):
     registry: an entry registered later is valid everywhere at once.
     """
 
-    def __init__(self, kind: str, what: str):
+    def __init__(self, kind: str, what: str, entry_type: type | None = None):
         """``kind``: the entry's name in messages (``"activation"``); ``what``: a
-        one-line description of the registry (``mx-proxy list``)."""
+        one-line description of the registry (``mx-proxy list``); ``entry_type``:
+        the class every entry is an instance of (``None``: any)."""
         self.kind = kind
         self.what = what
+        self.entry_type = entry_type
         self._entries: dict[str, E] = {}
 
     def register(self, entry: E) -> E:
         """Add ``entry`` (it needs a non-empty ``name`` and a ``doc``); returns it.
 
         Raises:
-          ValueError: a name that is empty, not a string, or already taken.
+          ValueError: an entry that is not an ``entry_type``, or a name that is
+            empty, not a string, or already taken.
         """
+        if self.entry_type is not None and not isinstance(entry, self.entry_type):
+            kind = self.entry_type.__name__
+            raise ValueError(f"register takes {'an' if kind[0] in 'AEIOU' else 'a'} {kind}, got {type(entry).__name__}")
         name = getattr(entry, "name", None)
         if not isinstance(name, str) or not name.strip() or name != name.strip():
             raise ValueError(f"a {self.kind} needs a non-empty name without surrounding spaces, got {name!r}")

@@ -38,7 +38,6 @@ one back to float32 (host, for tests).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -49,11 +48,14 @@ from jax.experimental import pallas as pl
 
 from mx_proxy.numerics import formats as _formats
 from mx_proxy.numerics.mx import bits as B
-from mx_proxy.numerics.mx import element, block_scale as scale
+from mx_proxy.numerics.mx import block_scale as scale
+from mx_proxy.numerics.mx import element
 from mx_proxy.numerics.mx.layout import split_blocks
 from mx_proxy.numerics.quantize import MXSpec
 from mx_proxy.pallas import backend
-from mx_proxy.pallas.quantize import check_spec, quantize_tile
+from mx_proxy.pallas.records import array_record
+from mx_proxy.pallas.supported import check_spec
+from mx_proxy.pallas.tile import quantize_tile
 
 __all__ = ["MXOperand", "GEMM_DTYPES", "CONTAINERS", "DATA_DTYPES", "CHUNK", "quantize_operand", "operand_from_codes",
            "operand_values", "round_up"]
@@ -71,12 +73,7 @@ def round_up(n: int, multiple: int) -> int:
     return max(-(-n // multiple), 1) * multiple
 
 
-@functools.partial(
-    jax.tree_util.register_dataclass,
-    data_fields=["data", "scales"],
-    meta_fields=["element", "block_size", "rows", "k"],
-)
-@dataclasses.dataclass(frozen=True)
+@array_record(data=("data", "scales"), meta=("element", "block_size", "rows", "k"))
 class MXOperand:
     """A K-major MX GEMM operand (module docstring for the byte layout).
 
@@ -187,7 +184,7 @@ def quantize_operand(x, spec: MXSpec, k_axis: int, *, row_multiple: int = 16, k_
     Args:
       x: (R, K) with ``k_axis=1`` or (K, R) with ``k_axis=0``; any float dtype
         (cast to float32 in the kernel).
-      spec: :class:`mxp.MXSpec` accepted by :func:`mx_proxy.pallas.quantize.check_spec`.
+      spec: :class:`mxp.MXSpec` accepted by :func:`mx_proxy.pallas.supported.check_spec`.
       k_axis: the axis of x that is contracted (and blocked).
       row_multiple, k_multiple: pad R and K to multiples of these (powers of
         two; ``k_multiple`` is raised to a multiple of 64 and of the block size).

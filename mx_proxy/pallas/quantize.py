@@ -1,6 +1,8 @@
 """Packed MX tensors: a Pallas kernel that quantizes to element codes + E8M0
-scales, the matching dequantize kernel, and the tile-level wrappers through
-which every kernel body calls the shared MX arithmetic of :mod:`mx_proxy.numerics.mx`.
+scales and the matching dequantize kernel, each beside its host reference.
+The tile-level wrappers through which every kernel body calls the shared MX
+arithmetic of :mod:`mx_proxy.numerics.mx` are :mod:`mx_proxy.pallas.tile`; the
+specs the kernels accept, :mod:`mx_proxy.pallas.supported` (both re-exported here).
 
 Semantics are exactly those of :func:`mxp.quantize` (read its module
 docstring): per block of ``spec.block_size`` elements along the block axis,
@@ -9,7 +11,7 @@ docstring): per block of ``spec.block_size`` elements along the block axis,
 below at -127, NaN block when ``e > 127`` or the block holds a NaN/Inf;
 elements saturated to ``max_normal * 2**e`` and rounded (``"even"`` or
 ``"away"``; stochastic rounding is not offered here). The arithmetic is not
-re-implemented here: :func:`quantize_tile` calls the very functions that
+re-implemented here: :func:`~mx_proxy.pallas.tile.quantize_tile` calls the very functions that
 ``mxp.quantize`` runs under XLA (:mod:`mx_proxy.numerics.mx.block_scale` for the scale,
 :mod:`mx_proxy.numerics.mx.element` for rounding and codes) on a kernel tile. They are
 integer operations on float32 bit patterns, exact on XLA CPU and lowerable
@@ -43,7 +45,6 @@ containers and packed FP4, is :mod:`mx_proxy.pallas.operand`.)
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
@@ -53,13 +54,15 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 from mx_proxy.numerics import formats as _formats
-from mx_proxy.numerics import scale_rules
 from mx_proxy.numerics.formats import ElementFormat
-from mx_proxy.numerics.mx import bits as B
-from mx_proxy.numerics.mx import element, block_scale as scale
-from mx_proxy.numerics.mx.layout import normalize_axis, split_blocks
+from mx_proxy.numerics.mx import block_scale as scale
+from mx_proxy.numerics.mx import element
+from mx_proxy.numerics.mx.layout import normalize_axis
 from mx_proxy.numerics.quantize import MXSpec, quantize, quantize_stats
 from mx_proxy.pallas import backend
+from mx_proxy.pallas.records import array_record
+from mx_proxy.pallas.supported import MX_FORMATS, ROUNDINGS, check_spec, kernel_rules
+from mx_proxy.pallas.tile import decode_tile, encode_tile, fake_quantize_tile, quantize_tile, scale_bytes
 
 __all__ = [
     "MXTensor", "MX_FORMATS", "ROUNDINGS", "check_spec", "kernel_rules", "quantize_packed", "dequantize",
@@ -67,135 +70,15 @@ __all__ = [
     "encode_tile", "scale_bytes", "NAN_SCALE",
 ]
 
-MX_FORMATS = tuple(n for n in _formats.names() if not _formats.get(n).is_vector)
-ROUNDINGS = ("even", "away")  # deterministic roundings the kernels implement
 NAN_SCALE = scale.E8M0_NAN
 SCALE_BIAS = scale.E8M0_BIAS
-
-
-# ----------------------------------------------------------------------------
-# validation
-
-
-def kernel_rules() -> tuple[str, ...]:
-    """The scale rules the kernels implement: every rule with one exponent per block."""
-    return tuple(n for n in scale_rules.RULES if scale_rules.get(n).kernels)
-
-
-def check_spec(spec, what: str = "spec") -> MXSpec | None:
-    """Validate an operand spec for the kernels; ``None`` (unquantized) passes.
-
-    Raises:
-      ValueError: not an MXSpec, 2-D tiles (``block_dims=2``), E4M3 (NVFP4)
-        scales, a per-element scale rule (``paper_bump``), stochastic
-        rounding, or a block size that is not a power of two -- naming the
-        valid choices.
-    """
-    if spec is None:
-        return None
-    if not isinstance(spec, MXSpec):
-        raise ValueError(f"{what} must be a mxp.MXSpec or None, got {type(spec).__name__}")
-    if getattr(spec, "block_dims", 1) != 1:
-        raise ValueError(
-            f"{what}: block_dims={spec.block_dims} (2-D tiles) is not available in the Pallas kernels; valid: 1 "
-            "(for 2-D tiles use mxp.quantize, the XLA backend)"
-        )
-    if getattr(spec, "scale_format", "e8m0") != "e8m0":
-        raise ValueError(
-            f"{what}: scale_format={spec.scale_format!r} (NVFP4) is not available in the Pallas kernels; valid: "
-            "'e8m0' (for E4M3 scales use mxp.quantize, the XLA backend)"
-        )
-    if not spec.rule.kernels:
-        raise ValueError(
-            f"{what}: scale_rule {spec.scale_rule!r} gives each element of a block its own exponent, which no E8M0 "
-            f"scale byte stores: not available in the Pallas kernels; valid: {', '.join(kernel_rules())} (for "
-            f"{spec.scale_rule!r} use mxp.quantize, the XLA backend)"
-        )
-    if spec.rounding not in ROUNDINGS:
-        raise ValueError(
-            f"{what}: rounding {spec.rounding!r} is not available in the Pallas kernels; valid: "
-            f"{', '.join(ROUNDINGS)} (stochastic rounding: use mxp.quantize on the XLA path)"
-        )
-    if spec.element.name not in MX_FORMATS:  # MXSpec already refuses vector formats; keep the guard local
-        raise ValueError(f"{what}: element {spec.element.name!r} unsupported; valid: {', '.join(MX_FORMATS)}")
-    if not backend.is_pow2(spec.block_size):
-        raise ValueError(
-            f"{what}: block_size {spec.block_size} is not a power of two; the kernels need a power of "
-            "two (OCP MX: 32)"
-        )
-    return spec
-
-
-# ----------------------------------------------------------------------------
-# tile-level wrappers around mx_proxy.numerics.mx (run inside kernel bodies and outside)
-
-
-def quantize_tile(x, spec: MXSpec, axis: int):
-    """MX-quantize a tile whose ``axis`` holds whole blocks.
-
-    Args:
-      x: float array (cast to float32), ``x.shape[axis] % spec.block_size == 0``.
-      spec: deterministic :class:`MXSpec`.
-      axis: block axis (non-negative).
-
-    Returns:
-      ``(q, e, nan)``: q the uint32 bits of the fake-quantized float32 values
-      (x's shape; exactly ``mxp.quantize``'s bits), and per block the int32
-      exponent e and the bool NaN flag, both shaped like the blocked view
-      ``x.shape[:axis] + (blocks, 1) + x.shape[axis+1:]``.
-    """
-    fmt = spec.element
-    bits = split_blocks(B.b32(x.astype(jnp.float32)), axis, spec.block_size)
-    a = bits & B.ABS
-    e, nan = scale.block_exponent(jnp.max(a, axis=axis + 1, keepdims=True), fmt, spec.scale_rule)
-    blk = scale.block_quantities(e, nan, fmt)
-    q = element.quantize_magnitudes(bits, a, blk, fmt, spec.rounding)
-    return q.reshape(x.shape), e, nan
-
-
-def fake_quantize_tile(x, spec: MXSpec, axis: int):
-    """float32 values of :func:`quantize_tile` (what ``mxp.quantize`` returns)."""
-    return B.f32(quantize_tile(x, spec, axis)[0])
-
-
-def encode_tile(q, e, nan, fmt: ElementFormat, axis: int, block_size: int):
-    """Element codes (uint8, ml_dtypes layout) of quantized bits ``q`` with
-    block exponents ``e`` and NaN flags ``nan`` as returned by :func:`quantize_tile`."""
-    code = element.encode(split_blocks(q, axis, block_size), e, nan, fmt)
-    return code.astype(jnp.uint8).reshape(q.shape)
-
-
-def scale_bytes(e, nan):
-    """E8M0 bytes (uint8) of block exponents: ``e + 127``, or 255 for a NaN block."""
-    return scale.e8m0_bytes(e, nan)
-
-
-def decode_tile(codes, scales, fmt: ElementFormat, axis: int, block_size: int):
-    """Exact float32 values of packed codes (any uint8 tile) and their scales.
-
-    Args:
-      codes: uint8 tile, ``codes.shape[axis] % block_size == 0``.
-      scales: uint8 E8M0 bytes, codes' shape with ``axis`` divided by block_size.
-      fmt: element format of the codes.
-
-    Returns:
-      float32 array of codes' shape.
-    """
-    c = split_blocks(codes, axis, block_size)
-    bits = element.decode(c, jnp.expand_dims(scales, axis + 1), fmt)
-    return B.f32(bits).reshape(codes.shape)
 
 
 # ----------------------------------------------------------------------------
 # the packed tensor
 
 
-@functools.partial(
-    jax.tree_util.register_dataclass,
-    data_fields=["codes", "scales"],
-    meta_fields=["element", "block_size", "axis", "length"],
-)
-@dataclasses.dataclass(frozen=True)
+@array_record(data=("codes", "scales"), meta=("element", "block_size", "axis", "length"))
 class MXTensor:
     """An MX tensor in its packed form (see the module docstring for layout).
 

@@ -5,8 +5,10 @@ program (their configs differ only in the engine's dynamic fields: learning
 rate, LR floor, noise, spike factor, seeds), their train states are stacked
 and the engine's pure ``segment`` and ``val_loss`` run over them: one after
 another (``lax.map``) on a one-device CPU, ``jax.vmap``-ed on accelerators
-(see :func:`mx_proxy.runner.programs.members`). Per segment the loop records metrics, checkpoints the members that
-reach a checkpoint step, calls ``on_segment`` and stops a member that
+(see :func:`mx_proxy.runner.programs.members`; the layouts:
+:mod:`mx_proxy.runner.member_axis`; the members and where each starts:
+:mod:`mx_proxy.runner.members`). Per segment the loop records metrics,
+checkpoints the members that reach a checkpoint step, calls ``on_segment`` and stops a member that
 diverged (the engine has frozen it). ``train`` is that loop over one member,
 ``sweep`` over the members of each program group, ``intervene`` over one
 member restored from a checkpoint. Paired members that differ only in recipe
@@ -27,7 +29,6 @@ program, and reproduces that run bit for bit.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import warnings
 from typing import Callable
@@ -36,15 +37,16 @@ import jax
 import numpy as np
 import pandas as pd
 
-from mx_proxy.runner import interrupt, programs
+from mx_proxy.runner import interrupt
 from mx_proxy.runner import progress as _progress
 from mx_proxy.runner.interrupt import Stopped, interruptible, stop  # noqa: F401 (stop: part of this API)
-from mx_proxy.store import checkpoint as ckpt
+from mx_proxy.runner.member_axis import place
+from mx_proxy.runner.members import Member, init_state, prepare_member
 from mx_proxy.store import run_store as _store
 from mx_proxy.training import memory as _memory
 from mx_proxy.training import twins as _twins
 from mx_proxy.training.config import Config
-from mx_proxy.training.engine import Dynamic, TrainState, dynamic_for, program_for, static_key
+from mx_proxy.training.engine import TrainState, static_key
 from mx_proxy.training.result import Run, metrics_frame, segment_length
 from mx_proxy.training.sweeps import Sweep, members
 from mx_proxy.training.values import ArgumentTypeError, check_flags
@@ -55,31 +57,6 @@ __all__ = ["train", "sweep", "load", "run_members", "init_state", "Member", "hoo
 
 # Called with the Config of every run or sweep member actually trained (not loaded from a store).
 hooks: list[Callable[[Config], None]] = []
-
-@dataclasses.dataclass
-class Member:
-    """One run on the member axis: its config, train state and teacher, its
-    checkpoint sink, the step it starts from, the metrics it already has (an
-    intervention's parent history, a resumed run's past), its provenance and
-    the wall seconds it already spent (a resumed run's, from its checkpoint)."""
-
-    config: Config
-    state: TrainState
-    teacher: object
-    sink: ckpt.CheckpointSink
-    start: int = 0
-    frames: list = dataclasses.field(default_factory=list)
-    info: dict = dataclasses.field(default_factory=dict)
-    wall_before: float = 0.0
-
-
-# --------------------------------------------------------------------------- compiled pieces
-
-
-def init_state(config: Config):
-    """(initial TrainState, teacher params) of ``config``."""
-    return programs.init(static_key(config))(dynamic_for(config))
-
 
 # --------------------------------------------------------------------------- the host loop
 
@@ -96,12 +73,6 @@ def _finish(member: Member, state: TrainState, frames, wall: float) -> Run:
     return run
 
 
-def _rows(metrics: dict, n: int) -> dict:
-    """The first ``n`` rows of a segment's metrics (its steps; the program's
-    buffers hold ``chunk`` rows, see :func:`mx_proxy.training.engine.run_steps`)."""
-    return {k: v[:n] for k, v in metrics.items()}
-
-
 def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True,
                 on_segment: Callable | None = None, twins: bool = False) -> list[Run]:
     """Train the members of one program group from step ``start`` to the end
@@ -116,69 +87,7 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
     t0 = time.perf_counter()
     c0 = group[0].config
     M = len(group)
-    key = static_key(c0)
-    dyns = [dynamic_for(m.config) for m in group]
-    sh, padded = programs.shardings(M, shard and M > 1)
-    if twins:  # members differing only in recipe, one reference run: see mx_proxy.training.twins
-        state, dyn, teacher = _twins.twin_state([m.state for m in group]), dyns[0], group[0].teacher
-        seg2, val2 = programs.twins(tuple(static_key(m.config) for m in group))
-
-        def seg(state, dyn, teacher, start, n):
-            new, m = seg2(state, dyn, teacher, start, np.int32(n), size=c0.chunk)
-            return new, [_rows(mi, n) for mi in jax.device_get(m)]
-
-        def val(state, dyn, teacher):
-            return np.asarray(val2(state, dyn, teacher))
-
-        def unstack(tree, i):
-            return _twins.member(tree, i)
-    elif M == 1:  # one member: the single-run program; the member axis lives on the host
-        state, dyn, teacher = group[0].state, dyns[0], group[0].teacher
-        seg1, val1 = programs.single(key)
-
-        def seg(state, dyn, teacher, start, n):
-            new, m = seg1(state, dyn, teacher, start, np.int32(n), size=c0.chunk)
-            return new, [_rows(jax.device_get(m), n)]
-
-        def val(state, dyn, teacher):
-            return np.asarray(val1(state.params, dyn, teacher))[None]
-
-        def unstack(tree, i):
-            return tree
-    else:
-        # batched dynamic fields: those that differ, and always lr (the engine's per-member batch copy keys on it)
-        batched = {f: f == "lr" or any(not np.array_equal(getattr(d, f), getattr(dyns[0], f)) for d in dyns)
-                   for f in Dynamic._fields}
-        share_teacher = not batched["teacher_seed"]
-        dyn_axes = tuple(0 if batched[f] else None for f in Dynamic._fields)
-        teacher_axis = None if share_teacher else 0
-        pad = list(range(M)) + [M - 1] * (padded - M)
-
-        def member_axis(trees):
-            return programs.stack([trees[i] for i in pad])
-
-        state = member_axis([m.state for m in group])
-        dyn = Dynamic(*(member_axis([getattr(d, f) for d in dyns]) if batched[f] else getattr(dyns[0], f)
-                        for f in Dynamic._fields))
-        teacher = group[0].teacher if share_teacher else member_axis([m.teacher for m in group])
-        if sh is not None:
-            split, repl = sh
-            state = jax.device_put(state, split)
-            dyn = Dynamic(*(jax.device_put(v, split if batched[f] else repl) for f, v in zip(Dynamic._fields, dyn)))
-            teacher = jax.device_put(teacher, repl if share_teacher else split)
-        seg_members, val_params = programs.members(key, dyn_axes, teacher_axis)
-
-        def seg(state, dyn, teacher, start, n):
-            new, m = seg_members(state, dyn, teacher, start, np.int32(n), size=c0.chunk)
-            m = jax.device_get(m)
-            return new, [_rows({k: v[i] for k, v in m.items()}, n) for i in range(M)]
-
-        def val(state, dyn, teacher):
-            return np.asarray(val_params(state.params, dyn, teacher))
-
-        def unstack(tree, i):
-            return jax.tree.map(lambda a: a[i], tree)
-
+    state, dyn, teacher, seg, val, unstack = place(group, shard=shard, twins=twins)
     frames = [list(m.frames) for m in group]
     stopped = [bool(np.asarray(m.state.diverged)) for m in group]
     ckpt_steps = set(c0.checkpoint_steps())
@@ -249,33 +158,6 @@ def notify(config: Config):
         h(config)
 
 
-def _prepare_member(config: Config, st: "_store.Store | None", key: str, force: bool,
-                    at: int | None = None) -> Member:
-    """A fresh member of ``config``, resumed from its last checkpoint in the
-    store's training folder when there is one of this code and config (the
-    last one at or before step ``at`` when given); a checkpoint that fails
-    its checks is moved aside and the next newest tried."""
-    state, teacher = init_state(config)
-    info = {"key": key}
-    if st is None:
-        return Member(config, state, teacher, ckpt.CheckpointSink(memory={}), info=info)
-    st.prepare(key, fresh=force)
-    sink = ckpt.CheckpointSink(st.checkpoint_dir(key))
-    for step in reversed([s for s in sink.steps() if s <= (config.steps if at is None else at)]):
-        try:
-            meta = sink.meta(step)
-            if meta.get("config_hash") != config.hash():
-                continue
-            state, past = sink.restore(step, ckpt.template(program_for(config), dynamic_for(config)), config)
-        except ckpt.CheckpointError as e:
-            ckpt.set_aside(sink.directory, step, str(e))
-            continue
-        info["resumed_from"] = step
-        wall = float(meta.get("wall_time_s", 0.0))  # the stretches before this one
-        return Member(config, state, teacher, sink, step, [past], info, wall)
-    return Member(config, state, teacher, sink, 0, [], info, 0.0)
-
-
 def train(config: Config, *, store=None, force: bool = False, progress: bool = True,
           on_segment: Callable | None = None) -> Run:
     """Train the student of ``config`` from its seed; returns a :class:`Run`.
@@ -305,7 +187,7 @@ def train(config: Config, *, store=None, force: bool = False, progress: bool = T
                 return run
     _memory.check(config, checkpoints_in_memory=st is None)
     with interruptible() as state:
-        member = _prepare_member(config, st, key, force)
+        member = prepare_member(config, st, key, force)
         with tqdm(total=config.steps, initial=member.start, disable=not progress, desc=config.recipe.name,
                   unit="step") as bar:
             (run,) = run_members([member], member.start, bar=bar, on_segment=on_segment)
@@ -389,10 +271,10 @@ def sweep(config: Config, *, store=None, force: bool = False, progress: bool = T
         for ks, twins in chunks:
             if state.requested.is_set():  # interrupted between groups: the finished ones are kept
                 break
-            group = [_prepare_member(todo[k], st, k, force) for k in ks]
+            group = [prepare_member(todo[k], st, k, force) for k in ks]
             if len({m.start for m in group}) > 1:  # resumed from different checkpoints: from the earliest
                 at = min(m.start for m in group)
-                group = [_prepare_member(todo[k], st, k, force, at=at) for k in ks]
+                group = [prepare_member(todo[k], st, k, force, at=at) for k in ks]
             runs = run_members(group, group[0].start, bar=bar, shard=shard, twins=twins)
             failed = []
             for k, run in zip(ks, runs):

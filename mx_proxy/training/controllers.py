@@ -69,29 +69,29 @@ earliest. Example, L = 3, spike at step 40::
     info         -  trig  -   -  rel  -   -
 
 :func:`events` turns a recorded mask into promote/release rows.
+
+The units and their norms are :mod:`mx_proxy.training.controller_units`,
+:func:`events` is :mod:`mx_proxy.training.controller_events` (both
+re-exported here).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mx_proxy.training.controller_events import EVENT_COLUMNS, events
+from mx_proxy.training.controller_units import PARAM_UNITS, UNIT_KINDS, unit_names, unit_norms
+
 __all__ = ["GNMR", "GNMRState", "ACTIONS", "UNIT_KINDS", "PARAM_UNITS", "init", "promoted", "update",
            "unit_names", "unit_norms", "events", "EVENT_COLUMNS", "UnitSelector", "selector"]
 
 ACTIONS = ("bf16", "fp32")
-UNIT_KINDS = ("ln", "gemm")
-PARAM_UNITS = {"ln_gain": "ln", "ln_bias": "ln", "alpha": "ln",
-               "fc1": "gemm", "fc2": "gemm", "fc2_bias": "gemm", "s_u": "gemm"}
-EVENT_COLUMNS = ("step", "unit", "event", "gnmr", "delta_gnmr")
-
-_BLOCK = re.compile(r"^block_(\d+)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,42 +289,6 @@ def update(ctrl: GNMR, state: GNMRState, norms) -> tuple[GNMRState, dict[str, ja
     return new, info
 
 
-# -- units ---------------------------------------------------------------------
-def unit_names(depth: int) -> tuple[str, ...]:
-    """("block_0/ln", "block_0/gemm", "block_1/ln", …): U = 2·depth units."""
-    if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)) or depth < 1:
-        raise ValueError(f"depth must be a positive integer, got {depth!r}")
-    return tuple(f"block_{i}/{kind}" for i in range(depth) for kind in UNIT_KINDS)
-
-
-def _blocks(grads) -> list[str]:
-    found = sorted(((int(m.group(1)), k) for k in grads if (m := _BLOCK.match(str(k)))))
-    if not found:
-        raise ValueError(f"no 'block_<i>' entries in the gradient tree (keys: {sorted(map(str, grads))})")
-    if [i for i, _ in found] != list(range(len(found))):
-        raise ValueError(f"blocks must be numbered 0 … depth-1, got {[k for _, k in found]}")
-    return [k for _, k in found]
-
-
-def unit_norms(grads) -> jax.Array:
-    """(U,) float32 gradient norms per unit, in :func:`unit_names` order, from
-    the student's ``{"block_i": {param: array}}`` gradients. Other top-level
-    keys (e.g. "head") are ignored; a parameter name outside
-    :data:`PARAM_UNITS` raises a ValueError. A unit without parameters has
-    norm 0."""
-    out = []
-    for key in _blocks(grads):
-        sq = {kind: jnp.float32(0) for kind in UNIT_KINDS}
-        for name, sub in grads[key].items():
-            if name not in PARAM_UNITS:
-                raise ValueError(f"unknown parameter {name!r} in {key}; valid: {', '.join(PARAM_UNITS)}")
-            kind = PARAM_UNITS[name]
-            for leaf in jax.tree.leaves(sub):
-                sq[kind] = sq[kind] + jnp.sum(jnp.square(jnp.asarray(leaf, jnp.float32)))
-        out.extend(jnp.sqrt(sq[kind]) for kind in UNIT_KINDS)
-    return jnp.stack(out)
-
-
 # -- the engine's seam -----------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class UnitSelector:
@@ -369,42 +333,3 @@ class UnitSelector:
 def selector(controller: GNMR | None, depth: int) -> UnitSelector | None:
     """The selector of a run's ``Config.controller`` (``None`` without one)."""
     return None if controller is None else UnitSelector(controller, depth)
-
-
-# -- host side -----------------------------------------------------------------
-def events(steps, promoted, gnmr, delta_gnmr, names):
-    """Promote/release rows from a recorded run (numpy inputs).
-
-    ``steps`` (T,); ``promoted`` (T, U) bool, the mask in force at each step;
-    ``gnmr``/``delta_gnmr`` (T, U), row r from the update after step r. One
-    row per transition of a unit: ``step`` is the first step it ran promoted
-    ("promote") or back in low precision ("release"); ``gnmr``/``delta_gnmr``
-    are the ratios of the update that decided it (the row before; for a
-    promotion, the values that triggered it). The trace is taken to start in
-    low precision (a unit promoted at row 0 gives a "promote" with NaN ratios).
-    Rows sorted by step, then unit order. Columns :data:`EVENT_COLUMNS`.
-    """
-    import pandas as pd
-
-    steps = np.asarray(steps)
-    mask = np.asarray(promoted, bool)
-    gnmr, delta_gnmr = np.asarray(gnmr, np.float64), np.asarray(delta_gnmr, np.float64)
-    names = tuple(names)
-    T = steps.shape[0]
-    if mask.ndim != 2 or mask.shape[0] != T or mask.shape[1] != len(names) \
-            or gnmr.shape != mask.shape or delta_gnmr.shape != mask.shape:
-        raise ValueError(f"events needs steps (T,) and promoted/gnmr/delta_gnmr (T, U={len(names)}); got "
-                         f"{steps.shape}, {mask.shape}, {gnmr.shape}, {delta_gnmr.shape}")
-    prev = np.concatenate([np.zeros((1, mask.shape[1]), bool), mask[:-1]])
-    nan = np.full((1, mask.shape[1]), np.nan)
-    g_prev = np.concatenate([nan, gnmr[:-1]])
-    d_prev = np.concatenate([nan, delta_gnmr[:-1]])
-    rows, cols = np.nonzero(mask != prev)                      # row-major: by step, then unit
-    frame = pd.DataFrame({
-        "step": steps[rows].astype(np.int64),
-        "unit": pd.Series([names[c] for c in cols], dtype=object),
-        "event": pd.Series(np.where(mask[rows, cols], "promote", "release"), dtype=object),
-        "gnmr": g_prev[rows, cols],
-        "delta_gnmr": d_prev[rows, cols],
-    }, columns=list(EVENT_COLUMNS))
-    return frame.reset_index(drop=True)

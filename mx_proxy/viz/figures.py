@@ -4,8 +4,8 @@ Each entry of :data:`FIGURES` is a function ``(scale) -> Figure``. The
 training figures run their experiment through :mod:`mx_proxy.experiments.paper` (the one
 place the experiments are defined, shared with the notebooks), which trains
 into the run store or loads what is already there, so a second call is fast
-and figures that share runs train them once. ``beyond`` (notebook 09) runs
-seed 003's systems through :mod:`mx_proxy.experiments.beyond` the same way.
+and figures that share runs train them once. ``systems`` (notebook 09) runs
+the systems (GNMR, 2-D FP4, NVFP4, nGPT) through :mod:`mx_proxy.experiments.systems` the same way.
 
 The ``headline_*`` figures (the paper's Figs. 2, 4, 5 and 7) train nothing:
 they read the campaign results committed under ``results/<scale>/`` (see
@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from mx_proxy.experiments import beyond, campaign, executors, paper, parallel
-from mx_proxy.experiments.executors.local import MAX_JOBS
+from mx_proxy.experiments import campaign, executors, paper, parallel, systems
 from mx_proxy.experiments import scales as _scales
+from mx_proxy.experiments.executors.local import MAX_JOBS
 from mx_proxy.store import durable
 from mx_proxy.viz import plots
 
@@ -39,13 +39,13 @@ def _interventions(scale, store=None, **_):
     return plots.interventions(parent, children)
 
 
-def _beyond(scale, store=None, **_):
+def _systems(scale, store=None, **_):
     s = paper.scale(scale)
     stress = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in s.stress.items()
                        if k not in ("diagnostics_every", "val_every"))  # recording only: not part of the stress
-    return plots.beyond(beyond.table(beyond.runs(s, store=store)), stress_label=stress or None,
-                        title=f"Beyond the paper ({s.name} scale): 2-D blocks + SR, NVFP4, nGPT and GNMR against "
-                              f"plain MX and the paper's mitigations")
+    return plots.systems(systems.table(systems.runs(s, store=store)), stress_label=stress or None,
+                         title=f"Beyond the paper ({s.name} scale): 2-D blocks + SR, NVFP4, nGPT and GNMR against "
+                               f"plain MX and the paper's mitigations")
 
 
 def headline_source(kinds, root=RESULTS_ROOT) -> tuple[str, list] | None:
@@ -182,7 +182,7 @@ FIGURES: dict[str, Callable] = {
                                          "mitigations")},
     "interventions": _interventions,                                            # Fig. 7
     **{name: _trained(name) for name in ("spikes_vs_shape", "sgd_momentum", "init_ablation", "quant_stats")},
-    "beyond": _beyond,                                                          # notebook 09: seed 003's systems
+    "systems": _systems,                                                        # notebook 09: the systems
     **{name: _headline(name) for name in HEADLINE},                             # committed campaign results
 }
 
@@ -201,7 +201,7 @@ FIGURE_DOCS = {
     "sgd_momentum": "Fig. 10: SGD with and without momentum",
     "init_ablation": "Fig. 11: PyTorch-default against lower-gain Xavier init",
     "quant_stats": "MXFP8 E4M3's GEMM operands: underflow, saturation, last bin, scale exponents, SNR (quant_stats)",
-    "beyond": "notebook 09: 2-D blocks with stochastic rounding, NVFP4, nGPT and GNMR",
+    "systems": "notebook 09: 2-D blocks with stochastic rounding, NVFP4, nGPT and GNMR",
     "headline_lr_sweep": "Fig. 2 from the committed campaign results (trains nothing)",
     "headline_zeta": "Fig. 4 from the committed campaign results: the paper's zeta, its control, the same-point bound",
     "headline_ln_clamping": "Fig. 5 right from the committed campaign results",

@@ -72,6 +72,17 @@ def _same_metrics(a: pd.DataFrame, b: pd.DataFrame):
         assert np.array_equal(a[col].to_numpy(), b[col].to_numpy(), equal_nan=True), col
 
 
+def _same_results(local: Path, remote: Path, labels) -> None:
+    """The exported results of ``labels`` under ``local`` and ``remote`` hold the same run: metrics, config and
+    divergence step."""
+    for label in labels:
+        a, b = local / "results" / label, remote / "results" / label
+        _same_metrics(pd.read_parquet(a / "metrics.parquet"), pd.read_parquet(b / "metrics.parquet"))
+        assert (a / "config.json").read_text() == (b / "config.json").read_text()
+        assert json.loads((b / "run.json").read_text())["diverged_at"] == \
+            json.loads((a / "run.json").read_text())["diverged_at"]
+
+
 def _main(capsys, *args) -> tuple[int, str, str]:
     """The mx-proxy command in this process (the submitter only plans, submits, polls and exports)."""
     code = main([str(a) for a in args])
@@ -88,12 +99,7 @@ def test_the_smoke_campaign_as_an_array_job_equals_the_local_executors_bit_for_b
     assert "submitted 1 unit(s)" in out  # then the interventions, from the trained paired run
     labels = sorted(index["label"])
     assert sorted(p.parent.name for p in (remote / "results").glob("*/run.json")) == labels
-    for label in labels:
-        a, b = local / "results" / label, remote / "results" / label
-        _same_metrics(pd.read_parquet(a / "metrics.parquet"), pd.read_parquet(b / "metrics.parquet"))
-        assert (a / "config.json").read_text() == (b / "config.json").read_text()
-        assert json.loads((b / "run.json").read_text())["diverged_at"] == \
-            json.loads((a / "run.json").read_text())["diverged_at"]
+    _same_results(local, remote, labels)
     code, out, err = _main(capsys, "campaign", "--scale", "smoke", "--out", remote, "--executor", "slurm", "--quiet")
     assert code == 0 and "submitted" not in out  # the store holds everything: nothing retrains
     code, status, err = _main(capsys, "campaign", "--scale", "smoke", "--out", remote, "--status")
@@ -206,12 +212,7 @@ def test_an_ensemble_as_an_array_job_equals_the_local_executors_bit_for_bit_and_
     labels = sorted(p.parent.name for p in (local / "results").glob("*/run.json"))
     assert labels == ["fp32-m00", "fp32-m01", "mxfp8_e4m3-m00", "mxfp8_e4m3-m01"]
     assert sorted(p.parent.name for p in (remote / "results").glob("*/run.json")) == labels
-    for label in labels:
-        a, b = local / "results" / label, remote / "results" / label
-        _same_metrics(pd.read_parquet(a / "metrics.parquet"), pd.read_parquet(b / "metrics.parquet"))
-        assert (a / "config.json").read_text() == (b / "config.json").read_text()
-        assert json.loads((b / "run.json").read_text())["diverged_at"] == \
-            json.loads((a / "run.json").read_text())["diverged_at"]
+    _same_results(local, remote, labels)
     if track:  # streamed from the jobs, into the run store's folder on the shared filesystem
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

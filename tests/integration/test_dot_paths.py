@@ -56,7 +56,7 @@ def test_library_vectors_hold_with_ynnpack_off():
 def _fast_path_recipes():
     out = []
     for name, r in recipes.PRESETS.items():
-        specs = [getattr(r, role) for role in layers.ROLES]
+        specs = [getattr(r, operand) for operand in layers.OPERANDS]
         if all(s is None for s in specs) and r.vector != "bf16":
             continue  # fp32: no GEMM is bf16-exact, nothing to compare
         marks = []

@@ -314,14 +314,14 @@ def test_normalize_writes_the_jupyterlab_metadata(tmp_path):
     assert run_notebooks.widget_ids(again) == [new_a, new_b]  # stable: a rerun does not rewrite the ids
 
 
-def test_notebook_09_compares_seed_003s_systems():
+def test_notebook_09_compares_the_systems():
     path = NOTEBOOKS[0].parent / "09_beyond_the_paper.ipynb"
     assert path in NOTEBOOKS  # so the smoke-scale test above executes it
     nb = nbformat.read(path, as_version=4)
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
-    for call in ("beyond.runs(SCALE, store=STORE)", "beyond.table(", "plots.beyond(", "mxp.recipes.table()", ".events",
-                 "beyond.weight_disagreement("):
+    for call in ("systems.runs(SCALE, store=STORE)", "systems.table(", "plots.systems(", "mxp.recipes.table()",
+                 ".events", "systems.weight_disagreement("):
         assert call in code, call
     assert "**Runtime**" in text and "quick ≈" in text and "GNMR" in text and "nGPT" in text
 

@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from mx_proxy.numerics import recipe_json
 from mx_proxy.numerics import recipe as recipes
+from mx_proxy.numerics import recipe_json
 from mx_proxy.numerics.quantize import MXSpec
 
 
@@ -43,14 +43,22 @@ def test_variants_by_replace_and_json_round_trip():
     assert stoch.fwd_x.rounding == "away" and stoch.ln_affine is None
 
 
+@pytest.mark.parametrize("fields, match", [
+    (dict(vector="fp16"), "vector precision"),
+    (dict(fwd_x="fp8_e4m3"), "MXSpec or None"),
+    (dict(backend="cuda"), "backend"),
+    (dict(vector_rounding="odd"), "vector_rounding 'odd'; valid: even, away"),
+    (dict(ln_precision="half"), "ln_precision 'half'; valid: vector, fp32, stats_fp32"),
+    (dict(backward_precision="bf8"), "backward_precision 'bf8'"),
+    (dict(train_ln_bias="no"), "train_ln_bias"),
+])
+def test_a_bad_recipe_field_is_a_value_error_naming_it(fields, match):
+    with pytest.raises(ValueError, match=match):
+        recipes.Recipe(**fields)
+
+
 def test_bad_recipes_are_value_errors():
     with pytest.raises(ValueError, match="valid: fp32, bf16"):
         recipes.get("mxfp9")
-    with pytest.raises(ValueError, match="vector precision"):
-        recipes.Recipe(vector="fp16")
-    with pytest.raises(ValueError, match="MXSpec or None"):
-        recipes.Recipe(fwd_x="fp8_e4m3")
-    with pytest.raises(ValueError, match="backend"):
-        recipes.Recipe(backend="cuda")
     assert "| `mxfp8_mixed` |" in recipes.table()
     assert isinstance(recipes.get("mxfp4").fwd_x, MXSpec)

@@ -38,10 +38,12 @@ def source(tmp_path_factory):
     return root, parent, child
 
 
-def copy_store(source, dst: Path) -> Path:
+def copy_store(source, tmp_path: Path):
+    """(a fresh copy of the source store under ``tmp_path``, the source's parent run, its child run)."""
+    dst = tmp_path / "runs"
     shutil.rmtree(dst, ignore_errors=True)
     shutil.copytree(source[0], dst, ignore=shutil.ignore_patterns(".locks"))
-    return dst
+    return dst, source[1], source[2]
 
 
 def same_run(a, b):
@@ -131,6 +133,16 @@ def damage(data, path: Path) -> str:
     return f"{path.name}: {kind}"
 
 
+def damage_a_file(data, folder: Path, names) -> str:
+    """Damage one file of ``folder`` drawn from ``names`` (for a folder among them, a file drawn from inside it)
+    with :func:`damage`; returns what was done."""
+    name = data.draw(st.sampled_from(names), label="file")
+    target = folder / name
+    if target.is_dir():
+        target = data.draw(st.sampled_from(sorted(p for p in target.rglob("*") if p.is_file())), label=f"{name} file")
+    return damage(data, target)
+
+
 def quietly(fn):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -145,12 +157,10 @@ def quietly(fn):
 @SETTINGS
 @given(data=st.data())
 def test_a_damaged_entry_never_escapes_and_the_run_equals_the_undamaged_one(source, tmp_path, data):
-    _, parent, child = source
-    root = copy_store(source, tmp_path / "runs")
+    root, parent, child = copy_store(source, tmp_path)
     which = data.draw(st.sampled_from(["parent", "child"]), label="entry")
     entry = root / (parent if which == "parent" else child).info["key"]
-    name = data.draw(st.sampled_from(["run.json", "config.json", "metrics.parquet", "params.npz"]), label="file")
-    done = damage(data, entry / name)
+    done = damage_a_file(data, entry, ["run.json", "config.json", "metrics.parquet", "params.npz"])
     if which == "parent":
         again = quietly(lambda: mxp.train(BASE, store=root, progress=False))
         same_run(again, parent)
@@ -161,8 +171,7 @@ def test_a_damaged_entry_never_escapes_and_the_run_equals_the_undamaged_one(sour
 
 
 def test_a_damaged_entry_resumes_from_its_own_newest_checkpoint(source, tmp_path, trained):
-    _, parent, _ = source
-    root = copy_store(source, tmp_path / "runs")
+    root, parent, _ = copy_store(source, tmp_path)
     (root / parent.info["key"] / "params.npz").write_bytes(b"")
     with pytest.warns(S.StoreWarning, match=r"params\.npz.*moved aside"):
         again = mxp.train(BASE, store=root, progress=False)
@@ -186,16 +195,10 @@ def killed_run(source, root: Path) -> Path:
 @SETTINGS
 @given(data=st.data())
 def test_a_damaged_checkpoint_never_escapes_and_the_resumed_run_equals_the_undamaged_one(source, tmp_path, data):
-    _, parent, _ = source
-    root = copy_store(source, tmp_path / "runs")
+    root, parent, _ = copy_store(source, tmp_path)
     cdir = killed_run(source, root)
     step = data.draw(st.sampled_from([10, 15, 20]), label="step")
-    folder = C.step_dir(cdir, step)
-    name = data.draw(st.sampled_from(["meta.json", "metrics.parquet", "state"]), label="file")
-    target = folder / name
-    if name == "state":
-        target = data.draw(st.sampled_from(sorted(p for p in target.rglob("*") if p.is_file())), label="state file")
-    done = damage(data, target)
+    done = damage_a_file(data, C.step_dir(cdir, step), ["meta.json", "metrics.parquet", "state"])
     again = quietly(lambda: mxp.train(BASE, store=root, progress=False))
     same_run(again, parent)
     assert again.info["resumed_from"] in (15, 20), done  # never further back than the damage needs
@@ -203,8 +206,7 @@ def test_a_damaged_checkpoint_never_escapes_and_the_resumed_run_equals_the_undam
 
 def test_a_checkpoint_without_its_metrics_is_not_resumed_from(source, tmp_path):
     """The issue's example: a resumed run used to return only the rows after the checkpoint."""
-    _, parent, _ = source
-    root = copy_store(source, tmp_path / "runs")
+    root, parent, _ = copy_store(source, tmp_path)
     cdir = killed_run(source, root)
     (C.step_dir(cdir, 20) / "metrics.parquet").unlink()
     with pytest.warns(S.StoreWarning, match="step_000000020.*metrics.parquet is missing.*moved aside"):
@@ -219,8 +221,7 @@ def test_a_checkpoint_without_its_metrics_is_not_resumed_from(source, tmp_path):
                                   {"step": 20, "wall_time_s": -1}])
 def test_a_checkpoint_meta_of_the_wrong_type_is_moved_aside_not_a_crash(source, tmp_path, meta):
     """A meta.json holding a list used to raise AttributeError on every rerun."""
-    _, parent, _ = source
-    root = copy_store(source, tmp_path / "runs")
+    root, parent, _ = copy_store(source, tmp_path)
     cdir = killed_run(source, root)
     (C.step_dir(cdir, 20) / "meta.json").write_text(json.dumps(meta))
     with pytest.warns(S.StoreWarning, match="step_000000020.*meta.json"):
@@ -233,8 +234,7 @@ def test_a_checkpoint_meta_of_the_wrong_type_is_moved_aside_not_a_crash(source, 
                                           ("intervention", {"at_step": "10"}), ("replay", 3)])
 def test_nested_info_of_the_wrong_type_is_reported_not_a_crash(source, tmp_path, field, value):
     """A run.json whose info.parent / info.intervention had the wrong type used to crash every rerun."""
-    _, parent, child = source
-    root = copy_store(source, tmp_path / "runs")
+    root, parent, child = copy_store(source, tmp_path)
     d = root / child.info["key"]
     meta = json.loads((d / "run.json").read_text())
     meta["info"][field] = value if field != "intervention" or not isinstance(value, dict) \

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from mx_proxy import Config
-from mx_proxy.experiments import analysis, beyond, paper
+from mx_proxy.experiments import analysis, paper, systems
 from mx_proxy.training.result import Run
 from mx_proxy.viz import plots
 from mx_proxy.viz.figures import FIGURES, HEADLINE
@@ -32,9 +32,9 @@ def test_every_paper_proxy_figure_has_an_entry():
     assert next(iter(FIGURES)) == "sawtooth"  # the CLI's error message lists it first
 
 
-def test_beyond_figure_has_an_entry_and_draws_a_table():
-    assert "beyond" in FIGURES  # notebook 09 (seed 003's systems)
-    rows = [dict(system=s, family=beyond.FAMILIES[s], setting=st, seed=seed, final_loss=0.1, vs_fp32=v,
+def test_systems_figure_has_an_entry_and_draws_a_table():
+    assert "systems" in FIGURES  # notebook 09 (GNMR, 2-D FP4, NVFP4, nGPT)
+    rows = [dict(system=s, family=systems.FAMILIES[s], setting=st, seed=seed, final_loss=0.1, vs_fp32=v,
                  vs_own_fp32=v, diverged_at=d, fp32_diverged_at=None, blowup_at=None, steps=100, steps_run=d or 100,
                  low_precision_frac=lp, fp4_frac=0.0, promotions=p)
             for s, st, seed, v, d, lp, p in [("fp32", "base", 0, 1.0, None, 0.0, 0),
@@ -46,7 +46,7 @@ def test_beyond_figure_has_an_entry_and_draws_a_table():
     df = pd.DataFrame(rows)
     for c in ("diverged_at", "fp32_diverged_at", "blowup_at"):
         df[c] = df[c].astype("Int64")
-    fig = plots.beyond(df, stress_label="lr 2e-2")
+    fig = plots.systems(df, stress_label="lr 2e-2")
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert any("LP GEMMs 90.0%, 3 promotions" in t for t in texts)  # GNMR's cost is annotated
     assert any("FP32 seed 0" in t for t in texts)                 # FP32's divergence is the reference line
@@ -77,14 +77,14 @@ def test_figures_command_writes_every_png_at_smoke_and_reuses_runs(tmp_path):
 
     # notebook 09's figure: every (system, setting, seed) of the smoke scale was stored, and is loaded again
     smoke = paper.scale("smoke")
-    for system in beyond.systems_for(smoke):
-        assert beyond.config(system, smoke).hash() in keys, system
+    for system in systems.systems_for(smoke):
+        assert systems.config(system, smoke).hash() in keys, system
         for seed in smoke.stress_seeds:
-            assert beyond.config(system, smoke, "stress").replace(seed=seed).hash() in keys, system
-    third = _figures(tmp_path / "beyond", env, store, "--only", "beyond")
+            assert systems.config(system, smoke, "stress").replace(seed=seed).hash() in keys, system
+    third = _figures(tmp_path / "systems", env, store, "--only", "systems")
     assert third.returncode == 0, third.stderr[-4000:]
     assert "to train)" not in third.stderr
-    assert (tmp_path / "beyond" / "beyond.png").stat().st_size > 10_000
+    assert (tmp_path / "systems" / "systems.png").stat().st_size > 10_000
 
 
 def _run(losses, diverged_at=None, steps=None):

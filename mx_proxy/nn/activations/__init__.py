@@ -59,20 +59,11 @@ class Activation:
         return 2 * hidden if self.gated else hidden
 
 
-ACTIVATIONS: Registry[Activation] = Registry("activation", "activations of the MLP blocks")
+ACTIVATIONS: Registry[Activation] = Registry("activation", "activations of the MLP blocks", Activation)
 """Every activation, by name (``gelu`` first: the default)."""
 
-
-def register(act: Activation) -> Activation:
-    """Add an activation to :data:`ACTIVATIONS` (a module of this package calls it once)."""
-    if not isinstance(act, Activation):
-        raise ValueError(f"register takes an Activation, got {type(act).__name__}")
-    return ACTIVATIONS.register(act)
-
-
-def get(name: str | Activation) -> Activation:
-    """The activation called ``name``. Raises ValueError naming the valid ones."""
-    return ACTIVATIONS.get(name)
+register = ACTIVATIONS.register  # a module of this package adds its activation with it, once
+get = ACTIVATIONS.get  # the activation called ``name``; a ValueError names the valid ones
 
 
 def apply(name: str, x, recipe: Recipe):

@@ -69,20 +69,11 @@ class Norm:
         return tuple(n for n, _ in self.params)
 
 
-NORMS: Registry[Norm] = Registry("norm", "normalizations before each residual block's MLP")
+NORMS: Registry[Norm] = Registry("norm", "normalizations before each residual block's MLP", Norm)
 """Every normalization, by name (``layernorm`` first: the default)."""
 
-
-def register(norm: Norm) -> Norm:
-    """Add a normalization to :data:`NORMS` (a module of this package calls it once)."""
-    if not isinstance(norm, Norm):
-        raise ValueError(f"register takes a Norm, got {type(norm).__name__}")
-    return NORMS.register(norm)
-
-
-def get(name: str | Norm) -> Norm:
-    """The normalization called ``name``. Raises ValueError naming the valid ones."""
-    return NORMS.get(name)
+register = NORMS.register  # a module of this package adds its normalization with it, once
+get = NORMS.get  # the normalization called ``name``; a ValueError names the valid ones
 
 
 def normalize(module: nn.Module, norm: str, z, width: int, flag, recipe: Recipe, high: Recipe | None):

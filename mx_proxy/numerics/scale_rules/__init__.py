@@ -109,25 +109,13 @@ class ScaleRule:
                          f"block_dims={block_dims}")
 
 
-RULES: Registry[ScaleRule] = Registry("scale_rule", "E8M0 scale rules: the block exponent from the block's amax")
+RULES: Registry[ScaleRule] = Registry("scale_rule", "E8M0 scale rules: the block exponent from the block's amax",
+                                      ScaleRule)
 """Every scale rule, by name (``floor`` first: the default)."""
 
-
-def register(rule: ScaleRule) -> ScaleRule:
-    """Add a rule to :data:`RULES` (a module of this package calls it once)."""
-    if not isinstance(rule, ScaleRule):
-        raise ValueError(f"register takes a ScaleRule, got {type(rule).__name__}")
-    return RULES.register(rule)
-
-
-def get(name: str | ScaleRule) -> ScaleRule:
-    """The rule called ``name``. Raises ValueError naming the valid rules."""
-    return RULES.get(name)
-
-
-def names() -> tuple[str, ...]:
-    """Every rule's name, ``floor`` first."""
-    return RULES.names()
+register = RULES.register  # a module of this package adds its rule with it, once
+get = RULES.get  # the rule called ``name``; a ValueError names the valid ones
+names = RULES.names  # every rule's name, ``floor`` first
 
 
 load_entries(__name__, __path__)

@@ -3,8 +3,8 @@
 Colours are fixed per recipe (:func:`color`) so every figure reads alike.
 The figures sit by subject: the number formats (:mod:`.formats`), loss
 curves (:mod:`.training`), gradient bias and its mechanism
-(:mod:`.gradients`), the GEMM operands' quantization statistics
-(:mod:`.quantization`), seed 003's systems (:mod:`.beyond`), ensembles' rates
+(:mod:`.gradients`), the GEMM operands' quantization statistics (:mod:`.quantization`), the systems:
+GNMR, 2-D FP4, NVFP4, nGPT (:mod:`.systems`), ensembles' rates
 and survival (:mod:`.ensemble`).
 
 This package never chooses a matplotlib backend: in Jupyter the kernel's
@@ -14,17 +14,31 @@ command, the tests) select Agg themselves.
 
 import matplotlib.pyplot as plt
 
-from mx_proxy.viz.plots.beyond import beyond
 from mx_proxy.viz.plots.ensemble import blowup_rates, survival
 from mx_proxy.viz.plots.formats import ln_collapse, sawtooth
-from mx_proxy.viz.plots.gradients import (gradient_bias, interventions, ln_clamping, ln_gains, mitigations,
-                                          paper_metric, reference_name)
+from mx_proxy.viz.plots.gradients import (
+    gradient_bias,
+    interventions,
+    ln_clamping,
+    ln_gains,
+    mitigations,
+    paper_metric,
+    reference_name,
+)
 from mx_proxy.viz.plots.quantization import quant_stats
 from mx_proxy.viz.plots.style import color, norm_label
-from mx_proxy.viz.plots.training import (ablations, init_ablation, loss_grid, lr_summary, lr_sweep, sgd_momentum,
-                                         spikes_vs_shape)
+from mx_proxy.viz.plots.systems import systems
+from mx_proxy.viz.plots.training import (
+    ablations,
+    init_ablation,
+    loss_grid,
+    lr_summary,
+    lr_sweep,
+    sgd_momentum,
+    spikes_vs_shape,
+)
 
 __all__ = ["plt", "color", "norm_label", "sawtooth", "ln_collapse", "loss_grid", "lr_sweep", "lr_summary", "ablations",
            "gradient_bias", "paper_metric", "ln_clamping", "ln_gains", "mitigations", "interventions", "spikes_vs_shape",
-           "sgd_momentum", "init_ablation", "beyond", "reference_name", "survival", "blowup_rates",
+           "sgd_momentum", "init_ablation", "systems", "reference_name", "survival", "blowup_rates",
            "quant_stats"]

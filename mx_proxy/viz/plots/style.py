@@ -21,7 +21,7 @@ _PALETTE = {
     # the authors' code (mx_proxy.numerics.recipe FAMILIES["authors_code"]) and its switches
     "paper_e4m3": "#0072B2", "paper_mix": "#CC79A7", "paper_fp6": "#56B4E9", "paper_forward_only": "#009E73",
     "paper_no_ln_quant": "#E69F00", "paper_bump": "#CC79A7",
-    # seed 003's formats take their family's colour (the beyond figure hatches the 2-D tiles)
+    # the systems' formats take their family's colour (the systems figure hatches the 2-D tiles)
     "mxfp8_2d": "#D55E00", "mxfp4_2d": "#CC79A7", "nvfp4": "#E69F00", "nvfp4_2d": "#E69F00",
     # derived recipes (interventions name them "<recipe>+<intervention>")
     "ln_affine_exempt": "#0072B2", "backward_unquantized": "#009E73", "gelu_unquantized": "#999999",

@@ -1,4 +1,4 @@
-"""Notebook 09's figure: seed 003's systems against plain MX and the paper's mitigations."""
+"""Notebook 09's figure: the systems (GNMR, 2-D FP4, NVFP4, nGPT) against plain MX and the paper's mitigations."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib import ticker
 
-from mx_proxy.experiments import beyond as _beyond
-from mx_proxy.experiments.beyond import SYSTEMS
+from mx_proxy.experiments import systems as _systems
+from mx_proxy.experiments.systems import SYSTEMS
 from mx_proxy.viz.plots.style import color
 
 _SEED_COLORS = ("#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02")
@@ -28,9 +28,9 @@ def _system_style(system: str) -> dict:
     return style
 
 
-def beyond(runs_or_table, *, stress_label: str | None = None, title: str | None = None):
-    """Notebook 09: seed 003's systems against plain MX and the paper's
-    mitigations (:mod:`mx_proxy.experiments.beyond`).
+def systems(runs_or_table, *, stress_label: str | None = None, title: str | None = None):
+    """Notebook 09: the systems (GNMR, 2-D FP4, NVFP4, nGPT) against plain MX
+    and the paper's mitigations (:mod:`mx_proxy.experiments.systems`).
 
     Left, base setting: final loss relative to the FP32 run of the same
     architecture (same seed; nGPT in FP32 for the nGPT systems, hatched
@@ -42,13 +42,13 @@ def beyond(runs_or_table, *, stress_label: str | None = None, title: str | None 
     stable (△: a 10× blow-up the engine did not stop on); dashed lines: the
     FP32 run's divergence step on each seed.
 
-    ``runs_or_table``: the mapping of :func:`mx_proxy.experiments.beyond.runs` or the frame
-    of :func:`mx_proxy.experiments.beyond.table`; ``stress_label`` names the stress setting
+    ``runs_or_table``: the mapping of :func:`mx_proxy.experiments.systems.runs` or the frame
+    of :func:`mx_proxy.experiments.systems.table`; ``stress_label`` names the stress setting
     in the right panel's title."""
     import pandas as pd
 
-    df = runs_or_table if isinstance(runs_or_table, pd.DataFrame) else _beyond.table(runs_or_table)
-    order = [s for s in _beyond.SYSTEMS if s in set(df["system"])]
+    df = runs_or_table if isinstance(runs_or_table, pd.DataFrame) else _systems.table(runs_or_table)
+    order = [s for s in _systems.SYSTEMS if s in set(df["system"])]
     ypos = {s: i for i, s in enumerate(order)}
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(14, 1.2 + 0.42 * max(len(order), 4)), sharey=True)
 
@@ -78,10 +78,10 @@ def beyond(runs_or_table, *, stress_label: str | None = None, title: str | None 
                 notes.append(f"×{v:.3f}")
             elif pd.notna(row["diverged_at"]):
                 notes.append(f"diverged @ {int(row['diverged_at'])}")
-            if _beyond.SYSTEMS[s].get("arch") == "ngpt" and np.isfinite(row["vs_fp32"]):
+            if _systems.SYSTEMS[s].get("arch") == "ngpt" and np.isfinite(row["vs_fp32"]):
                 notes.append(f"(×{row['vs_fp32']:.2g} of resmlp FP32)")
             lp = row["low_precision_frac"]
-            is_ctrl = _beyond.SYSTEMS[s].get("controller") is not None
+            is_ctrl = _systems.SYSTEMS[s].get("controller") is not None
             if is_ctrl or 0 < lp < 1 or (lp == 0 and s != "fp32" and "fp32" not in s):
                 notes.append(f"LP GEMMs {100 * lp:.1f}%" + (f", {int(row['promotions'])} promotions" if is_ctrl
                                                             else ""))

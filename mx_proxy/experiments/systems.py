@@ -1,14 +1,14 @@
-"""Beyond the paper: seed 003's systems against the paper's mitigations, defined once.
+"""The systems (GNMR, 2-D FP4, NVFP4, nGPT) against the paper's mitigations, defined once.
 
-Notebook 09 and the ``beyond`` figure of ``mx-proxy figures`` call the functions
+Notebook 09 and the ``systems`` figure of ``mx-proxy figures`` call the functions
 here. Every *system* (:data:`SYSTEMS`) is a set of :class:`~mx_proxy.training.config.Config`
 changes -- a recipe, an architecture, a stability controller -- trained in two
 *settings*:
 
-* ``base``: the scale's base config (``Scale.config``, one seed);
+* ``base``: the scale's base config (``ExperimentScale.config``, one seed);
 * ``stress``: the base config with the scale's ``stress`` changes
-  (``Scale.stress``, e.g. a higher LR and a lower Adam beta2 at the quick
-  scale) over ``Scale.stress_seeds``: a setting where plain MX runs diverge.
+  (``ExperimentScale.stress``, e.g. a higher LR and a lower Adam beta2 at the quick
+  scale) over ``ExperimentScale.stress_seeds``: a setting where plain MX runs diverge.
   At the quick scale FP32 diverges there too (an LR/beta2 instability shared
   by every precision), so every system is read against FP32 on the same seed.
 
@@ -76,17 +76,17 @@ SYSTEMS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
     "forward_only": MappingProxyType({"recipe": "forward_only"}),
     "bf16_activations": MappingProxyType({"recipe": "bf16_activations"}),
     "ln_exempt": MappingProxyType({"recipe": "ln_exempt"}),
-    # seed 003: 2-D tiles + rceil + stochastic rounding of gradients
+    # 2-D block FP4 (and FP8): 2-D tiles + rceil + stochastic rounding of gradients
     "mxfp8_2d": MappingProxyType({"recipe": "mxfp8_2d"}),
     "mxfp4_2d": MappingProxyType({"recipe": "mxfp4_2d"}),
-    # seed 003: NVFP4
+    # NVFP4
     "nvfp4": MappingProxyType({"recipe": "nvfp4"}),
     "nvfp4_2d": MappingProxyType({"recipe": "nvfp4_2d"}),
-    # seed 003: nGPT (hypersphere-normalized student)
+    # nGPT (hypersphere-normalized student)
     "ngpt (fp32)": MappingProxyType({"arch": "ngpt", "recipe": "fp32"}),
     "ngpt + mxfp4": MappingProxyType({"arch": "ngpt", "recipe": "mxfp4"}),
     "ngpt + nvfp4": MappingProxyType({"arch": "ngpt", "recipe": "nvfp4"}),
-    # seed 003: the GNMR stability controller
+    # the GNMR stability controller
     "gnmr + mxfp8_e4m3": MappingProxyType({"recipe": "mxfp8_e4m3", "controller": GNMR_SETTINGS}),
     "gnmr + mxfp4": MappingProxyType({"recipe": "mxfp4", "controller": GNMR_SETTINGS}),
 })
@@ -132,15 +132,15 @@ def _check_setting(setting: str) -> str:
 
 
 def systems_for(scale="quick") -> tuple[str, ...]:
-    """The systems trained at this scale: its ``beyond_systems``, or every one
+    """The systems trained at this scale: its ``systems``, or every one
     of :data:`SYSTEMS` when that is ``None``."""
     s = _scale(scale)
-    return tuple(SYSTEMS) if s.beyond_systems is None else _check_systems(s.beyond_systems)
+    return tuple(SYSTEMS) if s.systems is None else _check_systems(s.systems)
 
 
 def config(system: str, scale="quick", setting: str = "base") -> Config:
     """The config of ``system`` in ``setting`` (seed: the base config's; the
-    stress setting sweeps ``Scale.stress_seeds``).
+    stress setting sweeps ``ExperimentScale.stress_seeds``).
 
     Raises:
       ValueError: an unknown system or setting, naming the valid ones.
@@ -234,7 +234,7 @@ def _as_items(runs_) -> list[tuple[Key, Run]]:
     if isinstance(runs_, Mapping):
         items = [(Key(*k), r) for k, r in runs_.items()]
     else:
-        raise ValueError(f"table needs the mapping {{(system, setting, seed): Run}} of beyond.runs, got "
+        raise ValueError(f"table needs the mapping {{(system, setting, seed): Run}} of systems.runs, got "
                          f"{type(runs_).__name__}")
     _check_systems(dict.fromkeys(k.system for k, _ in items))
     for k, r in items:
@@ -348,7 +348,8 @@ def weight_disagreement(runs_: Mapping, pairs=(("mxfp4", "mxfp4_2d"),), setting:
                 vals = transpose_mismatch(run, SYSTEMS[spec_of]["recipe"])
                 for b, v in enumerate(vals):
                     col = f"weight_fwd_dgrad_diff/block_{b}"
-                    during = run.metrics[col].dropna() if col in run.metrics and spec_of == owner else pd.Series(dtype=float)
+                    own = col in run.metrics and spec_of == owner
+                    during = run.metrics[col].dropna() if own else pd.Series(dtype=float)
                     rows.append({"weights_of": owner, "specs_of": spec_of, "block": b, "final": float(v),
                                  "median_during_training": float(during.median()) if len(during) else float("nan")})
     return pd.DataFrame(rows, columns=["weights_of", "specs_of", "block", "final", "median_during_training"])

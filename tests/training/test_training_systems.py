@@ -1,4 +1,4 @@
-"""Seed 003's systems inside training: 2-D/NVFP4 recipes, sensitive-GEMM
+"""The systems (GNMR, 2-D FP4, NVFP4, nGPT) inside training: 2-D/NVFP4 recipes, sensitive-GEMM
 overrides, stochastic rounding keyed by (seed, step, layer, role), the
 forward/dgrad weight disagreement, and the nGPT student under the engine."""
 
@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 import mx_proxy as mxp
-from mx_proxy.nn import layers, resmlp as model
-from mx_proxy.numerics import recipe_json
+from mx_proxy.nn import layers
+from mx_proxy.nn import resmlp as model
 from mx_proxy.numerics import recipe as recipes
+from mx_proxy.numerics import recipe_json
 from mx_proxy.numerics.quantize import NVFP4, MXSpec, quantize
 from mx_proxy.training import diagnostics
 
@@ -28,7 +29,7 @@ def test_new_presets():
     assert two.for_layer("block_0/fc1", "first/fc1").fwd_x.element.name == "fp8_e4m3"
     assert two.for_layer("block_1/fc1") is two and two.for_layer("block_3/fc2", "last/fc2").name.startswith("mxfp8_2d")
     nv = recipes.get("nvfp4")
-    assert {getattr(nv, r) for r in layers.ROLES} == {NVFP4}
+    assert {getattr(nv, r) for r in layers.OPERANDS} == {NVFP4}
     nv2 = recipes.get("nvfp4_2d")
     assert nv2.fwd_w == NVFP4.replace(block_dims=2) and nv2.wgrad_g.rounding == "stochastic"
     for name in ("mxfp8_2d", "mxfp4_2d", "nvfp4", "nvfp4_2d"):
@@ -74,7 +75,7 @@ def test_override_changes_only_the_named_layer():
     y_over = model.Student(width=32, depth=2, recipe=over).apply({"params": p}, x)
     assert not np.array_equal(y_base, y_over)
     # by hand: block 0 in mxfp4, block 1's fc2 in fp32
-    h = model.Block(32, "gelu", "layernorm", "pytorch", 0.5, base, 0, 2).apply({"params": p["block_0"]}, x)
+    h = model.Block(32, "gelu", "pytorch", 0.5, base, 0, 2, norm="layernorm").apply({"params": p["block_0"]}, x)
     b1 = p["block_1"]
     z = layers.layer_norm(h, b1["ln_gain"], b1["ln_bias"], base)
     a = layers.activation("gelu", layers.mx_dense(z, b1["fc1"], None, base), base)
@@ -88,7 +89,7 @@ def test_override_changes_only_the_named_layer():
 def test_operand_keys_are_distinct_and_the_2d_weight_is_shared():
     sr = recipes.get("mxfp8_e4m3").map_specs(lambda s: s.replace(rounding="stochastic"))
     k = jax.random.key(7)
-    keys = [jax.random.key_data(layers.operand_key(k, sr, r)) for r in layers.ROLES]
+    keys = [jax.random.key_data(layers.operand_key(k, sr, r)) for r in layers.OPERANDS]
     assert len({tuple(np.asarray(v).ravel()) for v in keys}) == 6
     w2d = MXSpec("fp4_e2m1", scale_rule="rceil", rounding="stochastic", block_dims=2)
     tied = sr.replace(fwd_w=w2d, dgrad_w=w2d)

@@ -1,4 +1,4 @@
-"""mx_proxy.experiments.beyond (notebook 09): systems, the scales' stress setting, the GEMM
+"""mx_proxy.experiments.systems (notebook 09): systems, the scales' stress setting, the GEMM
 precision accounting, the table on real smoke runs and on hand-made runs,
 the forward/dgrad weight disagreement, the figure, and bad input."""
 
@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 import mx_proxy as mxp
-from mx_proxy.experiments import beyond, scales
-from mx_proxy.experiments.beyond import Key
+from mx_proxy.experiments import scales, systems
+from mx_proxy.experiments.systems import Key
 from mx_proxy.training import controllers
 from mx_proxy.training.result import Run
 from mx_proxy.viz import plots
@@ -38,8 +38,8 @@ def test_stress_is_read_only_and_defaults_keep_old_scales_working():
     s = scales.get("quick")
     with pytest.raises(TypeError):
         s.stress["lr"] = 1.0
-    old = scales.Scale(name="x", config=mxp.Config(steps=100), lr_grid=(1e-3,), intervention_steps=(10, 20),
-                       depths=(2,), widths=(32,), sgd_lr=0.1)
+    old = scales.ExperimentScale(name="x", config=mxp.Config(steps=100), lr_grid=(1e-3,),
+                                 intervention_steps=(10, 20), depths=(2,), widths=(32,), sgd_lr=0.1)
     assert dict(old.stress) == {} and old.stress_seeds == (0,) and old.stress_config == old.config
     hash(old)  # still hashable (stress is left out of the hash)
 
@@ -64,40 +64,40 @@ def test_bad_stress_settings_are_rejected(changes, match):
 
 
 def test_systems_build_valid_configs_at_every_scale():
-    assert set(beyond.FAMILIES) == set(beyond.SYSTEMS)
-    smoke = scales.get("smoke").beyond_systems
-    assert set(smoke) <= set(beyond.SYSTEMS)
+    assert set(systems.FAMILIES) == set(systems.SYSTEMS)
+    smoke = scales.get("smoke").systems
+    assert set(smoke) <= set(systems.SYSTEMS)
     # the smoke scale keeps the reference and one system per family
-    assert sorted(beyond.FAMILIES[s] for s in smoke) == sorted(set(beyond.FAMILIES.values()))
-    assert beyond.systems_for("smoke") == smoke and beyond.systems_for("quick") == tuple(beyond.SYSTEMS)
+    assert sorted(systems.FAMILIES[s] for s in smoke) == sorted(set(systems.FAMILIES.values()))
+    assert systems.systems_for("smoke") == smoke and systems.systems_for("quick") == tuple(systems.SYSTEMS)
     for name in scales.names():
-        for system in beyond.SYSTEMS:
-            base = beyond.config(system, name)
-            stress = beyond.config(system, name, "stress")
+        for system in systems.SYSTEMS:
+            base = systems.config(system, name)
+            stress = systems.config(system, name, "stress")
             assert stress == base.replace(**scales.get(name).stress)
-    c = beyond.config("gnmr + mxfp4", "quick")
-    assert c.controller == mxp.GNMR(action="bf16") == beyond.GNMR_SETTINGS  # the controller's defaults
-    assert beyond.config("ngpt + nvfp4", "quick").arch == "ngpt"
-    assert beyond.config("fp32", "quick") == scales.get("quick").config  # shares stored runs with notebooks 02-08
-    assert set(beyond.NEW_RECIPES) <= set(mxp.recipes.names())
+    c = systems.config("gnmr + mxfp4", "quick")
+    assert c.controller == mxp.GNMR(action="bf16") == systems.GNMR_SETTINGS  # the controller's defaults
+    assert systems.config("ngpt + nvfp4", "quick").arch == "ngpt"
+    assert systems.config("fp32", "quick") == scales.get("quick").config  # shares stored runs with notebooks 02-08
+    assert set(systems.NEW_RECIPES) <= set(mxp.recipes.names())
 
 
 def test_unknown_system_or_setting_names_the_valid_ones():
     with pytest.raises(ValueError, match=r"unknown system.*'mxfp3'.*valid: fp32, mxfp8_e4m3"):
-        beyond.config("mxfp3", "smoke")
+        systems.config("mxfp3", "smoke")
     with pytest.raises(ValueError, match="unknown system.*valid: fp32"):
-        beyond.runs("smoke", systems=["fp32", "gnmr"], progress=False)  # raises before training anything
+        systems.runs("smoke", systems=["fp32", "gnmr"], progress=False)  # raises before training anything
     with pytest.raises(ValueError, match="unknown setting 'hot'; valid: base, stress"):
-        beyond.runs("smoke", systems=["fp32"], settings=["hot"], progress=False)
+        systems.runs("smoke", systems=["fp32"], settings=["hot"], progress=False)
     with pytest.raises(ValueError, match="twice"):
-        beyond.runs("smoke", systems=["fp32", "fp32"], progress=False)
+        systems.runs("smoke", systems=["fp32", "fp32"], progress=False)
 
 
 # ----------------------------------------------------------------------------- GEMM precision accounting
 
 
 def _lp(system, **kw):
-    return beyond.gemm_precision(beyond.config(system, "quick").replace(**kw))
+    return systems.gemm_precision(systems.config(system, "quick").replace(**kw))
 
 
 def test_gemm_precision_counts_gemms_with_both_operands_block_scaled():
@@ -136,16 +136,16 @@ def test_low_precision_frac_counts_promoted_gemm_units_per_step():
     # block 0's GEMM unit promoted on steps 2-5 (half the run); block 1's never
     promoted = {0: np.isin(np.arange(8), [2, 3, 4, 5]), 1: np.zeros(8, bool)}
     run = _synthetic(cfg, np.full(8, 0.1), promoted_gemm=promoted)
-    assert beyond.low_precision_frac(run) == pytest.approx(1 - 0.5 * 0.5)
+    assert systems.low_precision_frac(run) == pytest.approx(1 - 0.5 * 0.5)
     # FP4: block 0's fc1 and block 1's fc2 are the MXFP8 sensitive GEMMs: 2 of 4 layers are FP4, block 0's
     # fc2 promoted half the time
-    assert beyond.low_precision_frac(run, "fp4") == pytest.approx((0.5 + 1) / 4)
+    assert systems.low_precision_frac(run, "fp4") == pytest.approx((0.5 + 1) / 4)
     assert len(run.events[run.events["event"] == "promote"]) == 1
     with pytest.raises(ValueError, match="valid: low, fp4"):
-        beyond.low_precision_frac(run, "fp8")
+        systems.low_precision_frac(run, "fp8")
     # a diverged run counts the steps before its divergence only
     cut = _synthetic(cfg, np.full(8, 0.1), diverged_at=2, promoted_gemm=promoted)
-    assert beyond.low_precision_frac(cut) == 1.0
+    assert systems.low_precision_frac(cut) == 1.0
 
 
 # ----------------------------------------------------------------------------- the table on hand-made runs
@@ -167,7 +167,7 @@ def _hand_made():
 
 
 def test_table_on_hand_made_runs():
-    df = beyond.table(_hand_made())
+    df = systems.table(_hand_made())
     assert list(df["system"]) == ["fp32", "fp32", "mxfp8_e4m3", "mxfp8_e4m3", "forward_only", "ngpt (fp32)",
                                   "ngpt + nvfp4"]  # SYSTEMS order, then setting, then seed
     row = df.set_index(["system", "setting"])
@@ -185,20 +185,20 @@ def test_table_on_hand_made_runs():
 
 def test_table_rejects_bad_input():
     with pytest.raises(ValueError, match="mapping"):
-        beyond.table(list(_hand_made().values()))
+        systems.table(list(_hand_made().values()))
     bad = {Key("mx9", "base", 0): _hand_made()[Key("fp32", "base", 0)]}
     with pytest.raises(ValueError, match="unknown system.*valid: fp32"):
-        beyond.table(bad)
+        systems.table(bad)
     with pytest.raises(ValueError, match="unknown setting"):
-        beyond.table({("fp32", "warm", 0): _hand_made()[Key("fp32", "base", 0)]})
+        systems.table({("fp32", "warm", 0): _hand_made()[Key("fp32", "base", 0)]})
     with pytest.raises(ValueError, match="mxp.Run"):
-        beyond.table({("fp32", "base", 0): 0.1})
+        systems.table({("fp32", "base", 0): 0.1})
 
 
 def test_figure_from_a_table_or_runs():
     runs = _hand_made()
-    for arg in (runs, beyond.table(runs)):
-        fig = plots.beyond(arg, stress_label="lr 2e-2")
+    for arg in (runs, systems.table(runs)):
+        fig = plots.systems(arg, stress_label="lr 2e-2")
         assert len(fig.axes) == 2 and "stress" in fig.axes[1].get_title()
         plots.plt.close(fig)
 
@@ -208,7 +208,7 @@ def test_figure_from_a_table_or_runs():
 
 @pytest.fixture(scope="module")
 def smoke_runs():
-    return beyond.runs("smoke", systems=["fp32", "mxfp4", "mxfp4_2d", "gnmr + mxfp4"], progress=False)
+    return systems.runs("smoke", systems=["fp32", "mxfp4", "mxfp4_2d", "gnmr + mxfp4"], progress=False)
 
 
 @pytest.mark.slow
@@ -217,7 +217,7 @@ def test_table_on_smoke_runs(smoke_runs):
     assert set(smoke_runs) == {Key(n, st, seed) for n in ("fp32", "mxfp4", "mxfp4_2d", "gnmr + mxfp4")
                                for st, seeds in (("base", (0,)), ("stress", s.stress_seeds)) for seed in seeds}
     assert smoke_runs[Key("mxfp4", "stress", 0)].config.lr == s.stress["lr"]
-    df = beyond.table(smoke_runs)
+    df = systems.table(smoke_runs)
     assert list(df.columns) == ["system", "family", "setting", "seed", "final_loss", "vs_fp32", "vs_own_fp32",
                                 "diverged_at", "fp32_diverged_at", "blowup_at", "steps", "steps_run",
                                 "low_precision_frac", "fp4_frac", "promotions"]
@@ -239,17 +239,17 @@ def test_table_on_smoke_runs(smoke_runs):
 @pytest.mark.slow
 def test_forward_and_dgrad_weights_agree_only_with_2d_tiles(smoke_runs):
     one_d = smoke_runs[Key("mxfp4", "base", 0)]
-    assert (beyond.transpose_mismatch(one_d) > 0).all()
-    assert (beyond.transpose_mismatch(one_d, "mxfp4_2d") == 0).all()  # same weights, one 2-D tile spec
+    assert (systems.transpose_mismatch(one_d) > 0).all()
+    assert (systems.transpose_mismatch(one_d, "mxfp4_2d") == 0).all()  # same weights, one 2-D tile spec
     during = one_d.metrics["weight_fwd_dgrad_diff/block_0"].dropna()
     # 0 at init (every 1-D block of the uniform init gets the same power-of-two scale in both orientations),
     # then the two GEMMs' weights drift apart as the weights take structure
     assert during.iloc[0] == 0 and during.iloc[-1] > 0.01
     two_d = smoke_runs[Key("mxfp4_2d", "base", 0)]
     assert (two_d.metrics["weight_fwd_dgrad_diff/block_0"].dropna() == 0).all()
-    w = beyond.weight_disagreement(smoke_runs)
+    w = systems.weight_disagreement(smoke_runs)
     assert set(zip(w["weights_of"], w["specs_of"])) == {("mxfp4", "mxfp4"), ("mxfp4", "mxfp4_2d"),
                                                         ("mxfp4_2d", "mxfp4"), ("mxfp4_2d", "mxfp4_2d")}
     assert (w[w["specs_of"] == "mxfp4_2d"]["final"] == 0).all() and (w[w["specs_of"] == "mxfp4"]["final"] > 0).all()
     with pytest.raises(ValueError, match="does not quantize the weight"):
-        beyond.transpose_mismatch(one_d, "forward_only")
+        systems.transpose_mismatch(one_d, "forward_only")
