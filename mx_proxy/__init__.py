@@ -12,7 +12,8 @@ The public API a notebook sees::
 
     # a rate, not a trajectory: 16 replicas per arm branched at step 1500, each arm seeing the same perturbations
     ens = mxp.ensemble(mx_run_in_a_store, branch_at=1500, members=16, arms=["unchanged", "fp32", "rceil"], horizon=1000)
-    ens.rates()                   # P(blow-up) per arm, Clopper–Pearson 95 % intervals; ens.paired_tests(), ens.survival(arm)
+    ens.rates()                   # P(blow-up) per arm, Clopper–Pearson 95 % intervals;
+                                  # ens.paired_tests(), ens.survival(arm)
     mxp.plots.survival(ens)       # Kaplan–Meier curves per arm with their bands
 
     spec = mxp.MXSpec("fp8_e4m3")           # block 32, OCP floor scale, ties to even
@@ -69,9 +70,9 @@ _LAZY = {
     'track': ('mx_proxy.experiments.tracking', 'track'),
 }
 
-__all__ = ['formats', 'recipes', 'Config', 'ElementFormat', 'GNMR', 'explore', 'ensemble', 'load_ensemble', 'Ensemble', 'MITIGATIONS', 'MXSpec', 'NVFP4',
-           'QuantStats', 'Recipe', 'Run', 'Sweep', 'intervene', 'load', 'mitigate', 'quantize', 'quantize_stats',
-           'sweep', 'train', 'with_checkpoint', 'plots', 'track', '__version__']
+__all__ = ['formats', 'recipes', 'Config', 'ElementFormat', 'GNMR', 'explore', 'ensemble', 'load_ensemble', 'Ensemble',
+           'MITIGATIONS', 'MXSpec', 'NVFP4', 'QuantStats', 'Recipe', 'Run', 'Sweep', 'intervene', 'load', 'mitigate',
+           'quantize', 'quantize_stats', 'sweep', 'train', 'with_checkpoint', 'plots', 'track', '__version__']
 
 
 def __getattr__(name: str):

@@ -49,7 +49,8 @@ RUN_ALL = """
     kernel: kernel.status,
     cells: cells().length,
     unrun: cells().filter(c => !c.model.executionCount).length,
-    errors: Array.from(w.node.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'))
+    errors: Array.from(w.node.querySelectorAll(
+        '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'))
       .map(o => o.textContent).filter(t => /Error|Traceback/.test(t)).map(t => t.slice(0, 300)),
     images: imgs.length,
     images_loaded: imgs.filter(i => i.complete && i.naturalWidth > 0).length,
@@ -136,7 +137,8 @@ def run_notebook(page, name: str, committed_images: int, timeout: float, shots: 
         changed = [line for line in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0)
                    if line[:1] in "+-" and line[:3] not in ("+++", "---")]
         r["changed_on_save"] = len(changed)
-        print(f"  saved after running: {'the same file as committed' if not changed else f'{len(changed)} lines differ'}"
+        print("  saved after running: "
+              f"{'the same file as committed' if not changed else f'{len(changed)} lines differ'}"
               + ("".join(f"\n    {line[:160]}" for line in changed[:12])))
     return ok, r
 
@@ -168,7 +170,8 @@ def use_explorer(page, timeout: float, shots: Path | None) -> bool:
 
     r = _until(page, trained, timeout)
     short_ok = trained(r) and r["kernel"] == "idle"
-    print(f"  then the status reads {r['status'][:160]!r}, the panel's results {' '.join(r['results'].split())[:300]!r}… "
+    print(f"  then the status reads {r['status'][:160]!r}, "
+          f"the panel's results {' '.join(r['results'].split())[:300]!r}… "
           f"(the table followed Train: {short_ok}); buttons (name, disabled) {r['buttons']}")
     _shot(page, shots, "10_explore_trained")
     r = _panel(page, type={"seed": "2", "steps": "1000000"}, click="Train")

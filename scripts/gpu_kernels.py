@@ -150,11 +150,13 @@ def main(argv: list[str] | None = None) -> int:
 
         step("probe", probe)
         step("environment", environment)
-        step("tests", lambda: _pytest(["tests/pallas/test_kernels_gpu.py"], args.budget_s - (time.perf_counter() - start)))
+        step("tests", lambda: _pytest(["tests/pallas/test_kernels_gpu.py"],
+                                      args.budget_s - (time.perf_counter() - start)))
         step("bench", bench, reserve_s=30)
         step("autotune", lambda: _autotune(args.out, min(90.0, args.budget_s - (time.perf_counter() - start))),
              reserve_s=30)
-        step("cpu_tests", lambda: _pytest(["tests/pallas/test_kernels_matmul.py", "tests/pallas/test_kernels_operand.py",
+        step("cpu_tests", lambda: _pytest(["tests/pallas/test_kernels_matmul.py",
+                                           "tests/pallas/test_kernels_operand.py",
                                            "tests/pallas/test_kernels_quantize.py"],
                                           args.budget_s - (time.perf_counter() - start)), reserve_s=60)
         print(f"\n# gpu_kernels: {time.perf_counter() - start:.0f} s; failed: {failed or 'none'}; "

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Iterable
+from collections.abc import Iterable
 
 from mx_proxy.cli.help import cli_message, config_help, flag
 from mx_proxy.training.config import CHOICES, Config

@@ -25,12 +25,12 @@ from mx_proxy.cli.config_options import add_config_options, config_changes
 from mx_proxy.cli.executor_options import add_executor_options, executor_from_args, print_jobs, report_failures
 from mx_proxy.cli.help import cli_message
 from mx_proxy.cli.track_options import add_track_options, tracking_from_args
-from mx_proxy.experiments import ensemble as _ens
 from mx_proxy.experiments import branch, ensemble_report, ensemble_result, ensemble_status, tracking
+from mx_proxy.experiments import ensemble as _ens
 from mx_proxy.experiments.executors import UnitsFailed
 from mx_proxy.store import durable
-from mx_proxy.viz import plots
 from mx_proxy.training.config import Config
+from mx_proxy.viz import plots
 
 __all__ = ["add_ensemble_command"]
 

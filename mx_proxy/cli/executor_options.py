@@ -68,7 +68,8 @@ def executor_from_args(args, folder: str | Path, *, jobs: int = 1, store=True) -
     if args.executor != "slurm":
         given = [f"--{f.replace('_', '-')}" for f in SLURM_FLAGS if getattr(args, f, None)]
         if given:
-            raise ValueError(f"{', '.join(given)}: Slurm options, which need --executor slurm (got --executor {args.executor})")
+            raise ValueError(f"{', '.join(given)}: Slurm options, which need --executor slurm "
+                             f"(got --executor {args.executor})")
         return executors.make("local", jobs=jobs)
     if store is None or store is False:
         raise ValueError("--executor slurm trains into the run store (on a filesystem the nodes share); drop "

@@ -31,7 +31,8 @@ from mx_proxy.cli.track_options import add_track_options, tracking_from_args
 from mx_proxy.experiments import parallel, tracking
 from mx_proxy.experiments.executors import UnitsFailed
 from mx_proxy.numerics.recipe import MITIGATIONS
-from mx_proxy.runner import interventions, loop as runner
+from mx_proxy.runner import interventions
+from mx_proxy.runner import loop as runner
 from mx_proxy.store import durable
 from mx_proxy.training.config import Config
 
@@ -212,7 +213,8 @@ def add_experiment_commands(subparsers) -> None:
         description="Continue RUN_DIR from its checkpoint at --at-step on the same batches, with a new recipe, "
                     "named mitigations (--apply) and/or other settings; the result lands in the parent's store "
                     "unless --store/--no-store say otherwise. The parent must have a checkpoint there (train it "
-                    "with --checkpoint-at STEP or --checkpoint-every N), or --replay recomputes one.\n\nmitigations (--apply):\n"
+                    "with --checkpoint-at STEP or --checkpoint-every N), or --replay recomputes one.\n\n"
+                    "mitigations (--apply):\n"
                     + "\n".join(f"  {k:<19} {m.description}" for k, m in MITIGATIONS.items()))
     iv.add_argument("run_dir", metavar="RUN_DIR", help="a stored run's folder (runs/<key>)")
     iv.add_argument("--at-step", type=int, required=True, metavar="STEP",

@@ -77,7 +77,8 @@ def config_help(name: str, *, multi: bool = False) -> str:
 
 _FIELDS = sorted(Config.field_names(), key=len, reverse=True)
 _WORDS = re.compile(r"\b(?P<field>" + "|".join(_FIELDS) + r")=(?P<value>\([^)]*\)|'[^']*'|\"[^\"]*\"|[\w.+-]+)"
-                    r"|(?<![\w\-\"'])(?P<bare>" + "|".join([f for f in _FIELDS if "_" in f] + ["at_step"]) + r")(?![\w=(])")
+                    r"|(?<![\w\-\"'])(?P<bare>" + "|".join([f for f in _FIELDS if "_" in f] + ["at_step"])
+                    + r")(?![\w=(])")
 
 
 def cli_message(message: str) -> str:

@@ -12,8 +12,13 @@ import pandas as pd
 from mx_proxy.cli.bench import BENCHMARKS, describe
 from mx_proxy.cli.config_options import add_config_options, config_from_args
 from mx_proxy.cli.ensemble_command import add_ensemble_command, write_figures
-from mx_proxy.cli.executor_options import (SLURM_FLAGS, add_executor_options, executor_from_args, print_jobs,
-                                           report_failures)
+from mx_proxy.cli.executor_options import (
+    SLURM_FLAGS,
+    add_executor_options,
+    executor_from_args,
+    print_jobs,
+    report_failures,
+)
 from mx_proxy.cli.experiment_commands import add_experiment_commands, add_store_options, guard, store_arg
 from mx_proxy.cli.help import cli_message
 from mx_proxy.cli.list_command import add_list_command
@@ -78,7 +83,8 @@ def _campaign(args) -> int:
     except UnitsFailed as err:
         return report_failures("campaign", err)
     except KeyboardInterrupt:
-        jobs = " (Slurm jobs keep running: rerun to attach to them, or scancel them)" if args.executor == "slurm" else ""
+        jobs = (" (Slurm jobs keep running: rerun to attach to them, or scancel them)" if args.executor == "slurm"
+                else "")
         print("mx-proxy campaign: interrupted; finished runs are kept in the store and results folder, "
               f"and a rerun resumes{jobs}", file=sys.stderr)
         return 130

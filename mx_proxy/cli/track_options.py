@@ -30,7 +30,7 @@ def add_track_options(p: argparse.ArgumentParser) -> None:
                         "a cluster, on the shared filesystem); for mlflow also a tracking URI (http://host:5000)")
 
 
-def tracking_from_args(args, store, experiment: str = "mx-proxy") -> "tracking.Tracking | None":
+def tracking_from_args(args, store, experiment: str = "mx-proxy") -> tracking.Tracking | None:
     """The tracking the options ask for (``None``: none), beside the run
     ``store`` unless ``--track-dir`` says where; ``experiment``: the MLflow
     experiment. Raises a ValueError naming a bad combination or the pip extra

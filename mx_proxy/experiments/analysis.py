@@ -10,7 +10,7 @@ finished or not; :mod:`mx_proxy.experiments.report` writes them out).
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
@@ -147,7 +147,8 @@ def zeta_by_clamping(run: Run, reference: Run | None = None, threshold: float = 
 
 def paper_metric_table(runs) -> pd.DataFrame:
     """One row per paired run: what its reference differs in, the median and
-    maximum of the paper's ζ, the fraction of steps with ζ above 1.5, the median cosine against the paired run, and (where it differs from
+    maximum of the paper's ζ, the fraction of steps with ζ above 1.5, the median cosine against the paired run,
+    and (where it differs from
     the run itself) the median same-point ‖ζ‖ bound."""
     rows = []
     for r in runs:

@@ -31,8 +31,8 @@ import os
 import platform
 import subprocess
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 import jax
 import pandas as pd

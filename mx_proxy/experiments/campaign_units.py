@@ -23,7 +23,8 @@ from pathlib import Path
 
 from mx_proxy.experiments.executors.base import Work
 from mx_proxy.numerics import recipe as _recipes
-from mx_proxy.runner import interventions, loop as runner
+from mx_proxy.runner import interventions
+from mx_proxy.runner import loop as runner
 from mx_proxy.store import run_store as _store
 from mx_proxy.training import twins
 from mx_proxy.training.config import Config

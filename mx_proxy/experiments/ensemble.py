@@ -51,13 +51,29 @@ import pandas as pd
 
 from mx_proxy.experiments import branch as _branch
 from mx_proxy.experiments import campaign, executors
+from mx_proxy.experiments.ensemble_spec import (
+    CONTROL,
+    HISTORY,
+    HISTORY_FILE,
+    KINDS,
+    MAX_MEMBERS,
+    SPEC_FILE,
+    TWIN,
+    Ensemble,
+    arm_names,
+    default_out,
+    extends,
+    member_key,
+    member_label,
+    positive_int,
+    read_spec,
+    write_spec,
+)
 from mx_proxy.experiments.executors.local import MAX_JOBS
-from mx_proxy.experiments.ensemble_spec import (CONTROL, HISTORY, HISTORY_FILE, KINDS, SPEC_FILE, TWIN, Ensemble,
-                                                arm_names, default_out, extends, member_key, member_label,
-                                                MAX_MEMBERS, positive_int, read_spec, write_spec)
 from mx_proxy.numerics import recipe_json
 from mx_proxy.numerics.recipe import MITIGATIONS
-from mx_proxy.runner import interventions, loop as runner
+from mx_proxy.runner import interventions
+from mx_proxy.runner import loop as runner
 from mx_proxy.runner.interrupt import interruptible
 from mx_proxy.store import checkpoint as ckpt
 from mx_proxy.store import durable
@@ -103,7 +119,7 @@ def _resume(config: Config, sink: ckpt.CheckpointSink, at: int) -> tuple | None:
     return None
 
 
-def _member(spec: Ensemble, arm: str, i: int, st: _store.Store, key: str, branch: "_branch.Branch | None",
+def _member(spec: Ensemble, arm: str, i: int, st: _store.Store, key: str, branch: _branch.Branch | None,
             at: int) -> runner.Member:
     """Member ``i`` of ``arm``, resumed from its newest checkpoint at or before
     ``at`` if it has one, else at its start (the branch state, perturbed)."""
@@ -262,7 +278,7 @@ def prepare_branch(source, step: int, out) -> Path:
     return bdir
 
 
-def read_branch(out) -> "_branch.Branch":
+def read_branch(out) -> _branch.Branch:
     """The branch state of the ensemble folder ``out``."""
     return _branch.read(Path(out).expanduser() / "branch")
 

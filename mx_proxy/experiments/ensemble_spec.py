@@ -23,7 +23,8 @@ from mx_proxy.store import run_store as _store
 from mx_proxy.training.config import BOUNDS, INTERVENABLE_FIELDS, SEED_LIMIT, Config
 
 __all__ = ["Ensemble", "KINDS", "CONTROL", "TWIN", "HISTORY", "SPEC_FILE", "HISTORY_FILE", "arm_names",
-           "member_label", "member_key", "results_folder", "read_spec", "write_spec", "extends", "arm_changes", "default_out", "positive_int"]
+           "member_label", "member_key", "results_folder", "read_spec", "write_spec", "extends", "arm_changes",
+           "default_out", "positive_int"]
 
 KINDS = ("seed", "data", "branch")
 CONTROL = "unchanged"
@@ -136,7 +137,8 @@ class Ensemble:
             raise ValueError(f"branch_at and epsilon belong to a branch ensemble, not a {self.kind!r} one")
         if TWIN in arms and (self.kind != "branch" or not self.base.has_paired_run or CONTROL not in arms):
             raise ValueError("the 'twin' arm is the paired FP32 run of a branch ensemble's state, trained beside its "
-                             "'unchanged' arm: it needs kind='branch', a state with a paired run and the 'unchanged' arm")
+                             "'unchanged' arm: it needs kind='branch', a state with a paired run and the 'unchanged' "
+                             "arm")
         every = self.diagnostics
         if every:
             for what, v in (("checkpoint_every", self.checkpoint_every), ("branch_at", self.branch_at or 0)):
@@ -202,7 +204,7 @@ class Ensemble:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Ensemble":
+    def from_dict(cls, d: dict) -> Ensemble:
         if not isinstance(d, dict) or not isinstance(d.get("base"), dict):
             raise ValueError(f"not an ensemble spec: {str(d)[:200]}")
         known = {f.name for f in dataclasses.fields(cls)}

@@ -17,7 +17,7 @@ compiled program (``mxp.sweep`` vmaps them).
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 from mx_proxy.experiments import scales as _scales
 from mx_proxy.numerics.recipe import mitigate

@@ -132,6 +132,12 @@ class _Bar:
         return False
 
 
+def _bar_factory(out, uid):
+    """A stand-in for ``tqdm(...)`` that makes a :class:`_Bar` for unit ``uid``
+    whatever arguments it is called with (binding ``uid`` now, not when called)."""
+    return lambda *a, **k: _Bar(out, uid)
+
+
 def _worker(tasks, out, store, track=None):
     # Ctrl-C / Kernel → Interrupt reach the whole process group: the parent alone decides, and asks a worker to
     # stop with SIGUSR1 (the host loop then checkpoints at the end of its segment and raises Stopped)
@@ -145,7 +151,7 @@ def _worker(tasks, out, store, track=None):
                     return
                 uid, fn, args = item
                 out.put(("start", uid, 0, time.time()))
-                runner.tqdm = lambda *a, **k: _Bar(out, uid)  # the host loop reports every segment through its bar
+                runner.tqdm = _bar_factory(out, uid)  # the host loop reports every segment through its bar
                 try:
                     fn(*args, store=store, progress=True)
                 except runner.Stopped as e:
@@ -235,7 +241,7 @@ def train_all(units: list, store, *, jobs: int, progress: bool = True, log=print
                         if asked:
                             break
                         raise RuntimeError("mx-proxy figures: every training process exited before the runs were "
-                                           "done")
+                                           "done") from None
                 if kind == "error":
                     raise RuntimeError(f"a training process failed:\n{n}")
                 if kind == "start":

@@ -161,8 +161,10 @@ def markdown(runs: list[Run], source: str | None = None) -> str:
              f"LR {campaign.lr_label(c.lr)}, {' / '.join(map(str, steps))} steps, seed{'s' if len(seeds) > 1 else ''} "
              f"{', '.join(map(str, seeds))}; each MX run trained with its FP32 run alongside"
              + (f" ({source})" if source else "") + ":", ""]
-    lines += ["| run | diverged / blew up | loss vs FP32, last 100 steps | same-point ‖ζ‖ median / max | paper's ζ median / max "
-              "| LN gains clamped, max | LN gain means, last 250 stable steps (in [0.875, 1)) | first block all clamped: "
+    lines += ["| run | diverged / blew up | loss vs FP32, last 100 steps | same-point ‖ζ‖ median / max "
+              "| paper's ζ median / max "
+              "| LN gains clamped, max | LN gain means, last 250 stable steps (in [0.875, 1)) "
+              "| first block all clamped: "
               "> ½ / all from step |", "|---|---|---|---|---|---|---|---|"]
     facts = []
     for r in main:

@@ -83,8 +83,8 @@ CONFIG_FIELDS = ("width", "depth", "batch", "lr", "steps", "act", "norm", "init"
                  "diagnostics_every", "spike_factor")
 COLUMNS = (("time", "experiment", "label", "recipe") + CONFIG_FIELDS +
            ("seconds", "steps_run", "final_loss", "min_loss", "diverged_at", "max_zeta", "min_cosine",
-            "max_ln_clamp", "jump10_at", "max_jump", "zeta_early", "cosine_early", "ln_clamp_early", "zeta_pre", "cosine_pre",
-            "ln_clamp_pre", "max_ln_clamp_step", "gain_mean_end", "note"))
+            "max_ln_clamp", "jump10_at", "max_jump", "zeta_early", "cosine_early", "ln_clamp_early", "zeta_pre",
+            "cosine_pre", "ln_clamp_pre", "max_ln_clamp_step", "gain_mean_end", "note"))
 
 
 def _recipe_label(recipe) -> str:
@@ -168,7 +168,8 @@ def auto_note(s: dict) -> str:
         parts.append(f"zeta early/pre/max {s['zeta_early']:.2f}/{s['zeta_pre']:.2f}/{s['max_zeta']:.2f}")
         parts.append(f"cos early/pre/min {s['cosine_early']:.2f}/{s['cosine_pre']:.2f}/{s['min_cosine']:.2f}")
     if s["max_ln_clamp"] == s["max_ln_clamp"]:
-        parts.append(f"ln clamp early/pre/max {s['ln_clamp_early']:.2f}/{s['ln_clamp_pre']:.2f}/{s['max_ln_clamp']:.2f}")
+        parts.append(f"ln clamp early/pre/max {s['ln_clamp_early']:.2f}/{s['ln_clamp_pre']:.2f}/"
+                     f"{s['max_ln_clamp']:.2f}")
     return "; ".join(parts)
 
 
@@ -278,7 +279,8 @@ def e02_high_lr_w64():
 
 @experiment
 def e03_harder_formats_w64():
-    """w64 L4 b256, 3000 steps, LR 3e-3 and 1e-2: do FP6 E2M3 / FP4 (wider LN clamp window) collapse where FP32 does not?"""
+    """w64 L4 b256, 3000 steps, LR 3e-3 and 1e-2: do FP6 E2M3 / FP4 (wider LN clamp window) collapse where FP32
+    does not?"""
     return _per_lr(_w64(3000), (3e-3, 1e-2), recipes=("fp32", "mxfp6_e2m3", "mxfp4"))
 
 
@@ -297,7 +299,8 @@ def e05_w128_long():
 
 @experiment
 def e06_sgd_w64():
-    """Plain SGD (the paper's stability condition is derived for GD): w64 L4 b256, 1500 steps, LR 0.3/1/3, FP32 vs E4M3."""
+    """Plain SGD (the paper's stability condition is derived for GD): w64 L4 b256, 1500 steps, LR 0.3/1/3,
+    FP32 vs E4M3."""
     return _per_recipe(_w64(1500, optimizer="sgd"), ("fp32", "mxfp8_e4m3"), (0.3, 1.0, 3.0))
 
 
@@ -323,7 +326,8 @@ def e09_depth8_w64():
 
 @experiment
 def e10_quick_final():
-    """The shipped quick scale (mx_proxy.experiments.scales 'quick'), timed: FP32 and E4M3 with the same init, data and LR."""
+    """The shipped quick scale (mx_proxy.experiments.scales 'quick'), timed: FP32 and E4M3 with the same init, data
+    and LR."""
 
     return _pair("quick", scales.get("quick").config, note="timing of the shipped quick scale")
 
@@ -349,7 +353,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.list:
         for name, fn in EXPERIMENTS.items():
-            print(f"{name}: {(fn.__doc__ or '').strip().splitlines()[0] if fn.__doc__ else ''}")
+            summary = (fn.__doc__ or "").strip().split("\n\n")[0]  # the first paragraph, on one line
+            print(f"{name}: {' '.join(summary.split())}")
         return 0
     if args.adhoc:
         kw = {}

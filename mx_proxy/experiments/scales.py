@@ -22,8 +22,9 @@ Usage::
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from mx_proxy.numerics.registry import Registry
 from mx_proxy.training.config import Config
@@ -327,7 +328,7 @@ def names() -> tuple[str, ...]:
     return tuple(SCALES)
 
 
-def get(name: "str | ExperimentScale") -> ExperimentScale:
+def get(name: str | ExperimentScale) -> ExperimentScale:
     """The named scale (a :class:`ExperimentScale` passes through).
 
     Raises:
@@ -336,7 +337,7 @@ def get(name: "str | ExperimentScale") -> ExperimentScale:
     return name if isinstance(name, ExperimentScale) else SCALES.get(name)
 
 
-def with_seeds(scale: "str | ExperimentScale", seeds) -> ExperimentScale:
+def with_seeds(scale: str | ExperimentScale, seeds) -> ExperimentScale:
     """The scale with its campaign's paired runs and controls at ``seeds``
     (student-init seeds) instead of its own; ``None`` keeps them.
 

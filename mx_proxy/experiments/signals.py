@@ -59,7 +59,7 @@ def _loss_jump(m: pd.DataFrame, window: int = 100) -> np.ndarray:
     return loss / prior
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _gnmr_scan(window: int):
     ctrl = controllers.GNMR(window=window, warmup=window)
 

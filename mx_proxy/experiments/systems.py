@@ -36,8 +36,9 @@ The GNMR controller runs with the settings :data:`GNMR_SETTINGS`, chosen once
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd

@@ -61,8 +61,9 @@ import re
 import socket
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
@@ -111,7 +112,7 @@ class Tracking:
         object.__setattr__(self, "where", where)
 
     @classmethod
-    def beside(cls, kind: str, store, where=None, experiment: str = "mx-proxy") -> "Tracking":
+    def beside(cls, kind: str, store, where=None, experiment: str = "mx-proxy") -> Tracking:
         """A tracking into ``where``, by default ``<store>/tensorboard`` or
         ``<store>/mlruns`` beside the runs; a ValueError when neither is given."""
         if where is None:

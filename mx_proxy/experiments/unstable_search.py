@@ -24,7 +24,8 @@ stopped (the ensembles' run stores), also across sessions on one machine.
 
 Usage::
 
-    python -m mx_proxy.experiments.unstable_search --out ~/unstable-search [--hours 6] [--table results/unstable_search.csv]
+    python -m mx_proxy.experiments.unstable_search --out ~/unstable-search [--hours 6] \\
+        [--table results/unstable_search.csv]
     python -m mx_proxy.experiments.unstable_search --out ~/unstable-search --status
 """
 
@@ -33,8 +34,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 

@@ -1,2 +1,3 @@
-"""Networks: the MX dense layer (custom VJP), norms and activations, blocks, the residual-MLP and nGPT students, the frozen teacher.
+"""Networks: the MX dense layer (custom VJP), norms and activations, blocks, the residual-MLP and nGPT students,
+the frozen teacher.
 """

@@ -23,7 +23,7 @@ That makes it exact where float arithmetic is not: XLA on CPU flushes float32
 subnormals to zero, and cannot compile casts to the FP6 types. Every step has
 a float64 twin in :mod:`mx_proxy.numerics.reference`, which the tests compare bit for bit.
 
-Semantics (OCP MX v1.0 and the reference library, see REFERENCE_NOTES):
+Semantics (OCP MX v1.0 and the MX library, microsoft/microxcaling; docs/quantization.md):
 
 * scale rule ``"floor"``: ``e = floor(log2 amax) - emax``. With E4M3 the scaled
   block maximum lies in [256, 512) and every scaled value above 448 saturates:

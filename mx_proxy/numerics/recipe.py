@@ -8,7 +8,7 @@ itself, with the table of which GEMM operand each field quantizes, is in
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from mx_proxy.numerics import scale_rules
 from mx_proxy.numerics.quantize import NVFP4, MXSpec
@@ -27,13 +27,13 @@ class Mitigation:
 
     name: str
     description: str
-    change: Callable[["Recipe"], "Recipe"] = dataclasses.field(repr=False, compare=False)
+    change: Callable[[Recipe], Recipe] = dataclasses.field(repr=False, compare=False)
 
-    def __call__(self, recipe: "Recipe") -> "Recipe":
+    def __call__(self, recipe: Recipe) -> Recipe:
         return self.change(recipe)
 
 
-def with_scale_rule(r: Recipe, rule: "str | scale_rules.ScaleRule") -> Recipe:
+def with_scale_rule(r: Recipe, rule: str | scale_rules.ScaleRule) -> Recipe:
     """``r`` with every E8M0 operand (and the LN affine spec, overrides
     included) scaled by ``rule`` (a :mod:`~mx_proxy.numerics.scale_rules` name);
     NVFP4 (E4M3) block scales have their own rule and are left alone.
@@ -52,7 +52,7 @@ def with_scale_rule(r: Recipe, rule: "str | scale_rules.ScaleRule") -> Recipe:
     return r.map_specs(lambda s: s if s.scale_format != "e8m0" else s.replace(scale_rule=rule.name))
 
 
-def _rule_mitigation(rule: "scale_rules.ScaleRule") -> "Mitigation":
+def _rule_mitigation(rule: scale_rules.ScaleRule) -> Mitigation:
     """A scale rule as a recipe change: every E8M0 operand with it (``mx-proxy train --scale-rule``)."""
     return Mitigation(rule.name, f"every E8M0 operand with the {rule.name} scale: {rule.doc}",
                       lambda r: with_scale_rule(r, rule))
@@ -111,7 +111,7 @@ def mitigation(name: str) -> Mitigation:
     raise ValueError(f"unknown mitigation {name!r}; valid: {', '.join(valid)}")
 
 
-def mitigate(recipe: "Recipe | str", names: str | Iterable[str]) -> "Recipe":
+def mitigate(recipe: Recipe | str, names: str | Iterable[str]) -> Recipe:
     """``recipe`` changed by the named mitigations (in order); the result's
     name records them (``mxfp8_e4m3+ln_exempt``), except that ``fp32`` gives
     the ``fp32`` preset itself.

@@ -89,7 +89,7 @@ class Recipe:
     act_precision: str = "vector"
     backend: str = "xla"
     dot: str = "f32"
-    overrides: tuple[tuple[str, "Recipe"], ...] = ()
+    overrides: tuple[tuple[str, Recipe], ...] = ()
     vector_rounding: str = "even"
     backward_precision: str = "vector"
     train_ln_bias: bool = True
@@ -128,7 +128,7 @@ class Recipe:
                 raise ValueError(f"an override recipe cannot have overrides itself ({pair[1].name!r})")
         object.__setattr__(self, "overrides", ov)
 
-    def replace(self, **changes) -> "Recipe":
+    def replace(self, **changes) -> Recipe:
         """A variant (``dataclasses.replace``); the name is kept unless given."""
         return dataclasses.replace(self, **changes)
 
@@ -151,7 +151,7 @@ class Recipe:
         return any(getattr(r, f) is not None and getattr(r, f).rounding == "stochastic"
                    for r in (self,) + tuple(o for _, o in self.overrides) for f in OPERANDS)
 
-    def for_layer(self, *names: str) -> "Recipe":
+    def for_layer(self, *names: str) -> Recipe:
         """The recipe of one dense layer known by ``names`` (e.g.
         ``("block_0/fc1", "first/fc1")``): the first override whose pattern
         matches one of them, else this recipe."""
@@ -170,11 +170,11 @@ class Recipe:
         clamping as if the gains were quantized with it."""
         return self.fwd_w
 
-    def with_dot(self, dot: str) -> "Recipe":
+    def with_dot(self, dot: str) -> Recipe:
         """This recipe (and its overrides) with GEMM dot kind ``dot``."""
         return dataclasses.replace(self, dot=dot, overrides=tuple((p, r.replace(dot=dot)) for p, r in self.overrides))
 
-    def map_specs(self, fn) -> "Recipe":
+    def map_specs(self, fn) -> Recipe:
         """Apply ``fn(spec) -> spec`` to every non-None MX spec (overrides' included)."""
         changes = {f: fn(getattr(self, f)) for f in OPERANDS + ("ln_affine",) if getattr(self, f) is not None}
         if self.overrides:

@@ -115,7 +115,7 @@ class Registry(Generic[E]):
         """``(name, entry)`` pairs, in listing order (as a mapping's ``items``)."""
         return tuple((n, self._entries[n]) for n in self)
 
-    def subset(self, keep, what: str) -> "Subset[E]":
+    def subset(self, keep, what: str) -> Subset[E]:
         """A live view of the entries for which ``keep(entry)`` is true
         (``what``: how messages name them, e.g. ``"MX element format"``)."""
         return Subset(self, keep, what)

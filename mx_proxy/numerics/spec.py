@@ -86,7 +86,7 @@ class MXSpec:
             raise ValueError(f"unknown rounding {self.rounding!r}; valid: {', '.join(ROUNDINGS)}")
 
     @property
-    def rule(self) -> "_scale_rules.ScaleRule | None":
+    def rule(self) -> _scale_rules.ScaleRule | None:
         """The :class:`~mx_proxy.numerics.scale_rules.ScaleRule` of E8M0 scales (``None`` for E4M3 scales)."""
         return _scale_rules.get(self.scale_rule) if self.scale_format == "e8m0" else None
 
@@ -98,7 +98,7 @@ class MXSpec:
         tile = f"{self.block_size}x{self.block_size}" if self.block_dims == 2 else f"{self.block_size}"
         return f"{prefix}{self.element.name}/{tile}/{self.scale_rule}/{self.rounding}"
 
-    def replace(self, **changes) -> "MXSpec":
+    def replace(self, **changes) -> MXSpec:
         return dataclasses.replace(self, **changes)
 
 

@@ -145,7 +145,7 @@ def is_pow2(n) -> bool:
     return isinstance(n, int) and not isinstance(n, bool) and n > 0 and n & (n - 1) == 0
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def next_pow2(n: int) -> int:
     """Smallest power of two >= n (n >= 1)."""
     return 1 << max(int(n) - 1, 0).bit_length()

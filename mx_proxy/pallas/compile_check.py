@@ -45,7 +45,10 @@ import jax
 import jax.numpy as jnp
 
 from mx_proxy.numerics.quantize import MXSpec
-from mx_proxy.pallas import backend, gemm as mx_gemm, operand as mx_operand, quantize as mx_quantize, tuning
+from mx_proxy.pallas import backend, tuning
+from mx_proxy.pallas import gemm as mx_gemm
+from mx_proxy.pallas import operand as mx_operand
+from mx_proxy.pallas import quantize as mx_quantize
 
 __all__ = ["HOPPER_SMEM_BYTES", "TRITON_CALL", "KernelIR", "lowering_possible", "lower_for_cuda", "triton_kernels",
            "triton_python", "compile_kernels", "violations", "configurations", "main"]

@@ -45,7 +45,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 from mx_proxy.numerics.mx import bits as B
-from mx_proxy.numerics.mx import element, block_scale as scale
+from mx_proxy.numerics.mx import block_scale as scale
+from mx_proxy.numerics.mx import element
 from mx_proxy.pallas import backend
 from mx_proxy.pallas.operand import CHUNK, ZERO_BLOCK_SCALE, MXOperand, round_up
 from mx_proxy.pallas.tuning import GemmConfig

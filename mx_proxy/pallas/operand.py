@@ -211,7 +211,7 @@ def quantize_operand(x, spec: MXSpec, k_axis: int, *, row_multiple: int = 16, k_
 # from ml_dtypes-layout codes (XLA), and back to values (host)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _container_table(fmt_name: str) -> np.ndarray:
     """uint8 E4M3 code of each of the 256 byte values read as ``fmt_name`` codes (FP6 only)."""
     fmt = _formats.get(fmt_name)

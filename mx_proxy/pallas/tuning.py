@@ -87,7 +87,7 @@ class GemmConfig:
         if self.mma not in MMA_PATHS:
             raise ValueError(f"GemmConfig mma={self.mma!r}; valid: {', '.join(map(repr, MMA_PATHS))}")
 
-    def replace(self, **changes) -> "GemmConfig":
+    def replace(self, **changes) -> GemmConfig:
         return dataclasses.replace(self, **changes)
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import jax
 import numpy as np
@@ -18,13 +18,17 @@ from mx_proxy.runner.interrupt import interruptible
 from mx_proxy.store import checkpoint as ckpt
 from mx_proxy.store import run_store as _store
 from mx_proxy.training import memory as _memory
-from mx_proxy.training.config import INTERVENABLE_FIELDS  # the fields declared knob(..., intervene=True)
-from mx_proxy.training.config import Config, check_field
+from mx_proxy.training.config import (
+    INTERVENABLE_FIELDS,  # the fields declared knob(..., intervene=True)
+    Config,
+    check_field,
+)
 from mx_proxy.training.engine import TrainState, dynamic_for, program_for
 from mx_proxy.training.result import Run
 from mx_proxy.training.values import ArgumentTypeError, check_flags
 
-__all__ = ["intervene", "continue_state", "state_at", "checkpoint_steps", "with_checkpoint", "replay_summary", "INTERVENABLE_FIELDS"]
+__all__ = ["intervene", "continue_state", "state_at", "checkpoint_steps", "with_checkpoint", "replay_summary",
+           "INTERVENABLE_FIELDS"]
 
 
 def _parent_sink(run: Run) -> ckpt.CheckpointSink:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import numpy as np

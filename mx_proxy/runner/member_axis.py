@@ -7,7 +7,8 @@ functions: a segment, the validation loss, and one member's tree out of the prog
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import numpy as np

@@ -37,7 +37,7 @@ def init_state(config: Config):
     return programs.init(static_key(config))(dynamic_for(config))
 
 
-def prepare_member(config: Config, st: "_store.Store | None", key: str, force: bool,
+def prepare_member(config: Config, st: _store.Store | None, key: str, force: bool,
                    at: int | None = None) -> Member:
     """A fresh member of ``config``, resumed from its last checkpoint in the
     store's training folder when there is one of this code and config (the

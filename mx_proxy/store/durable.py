@@ -27,8 +27,8 @@ import shutil
 import socket
 import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from mx_proxy.training.values import ArgumentTypeError
 

@@ -41,8 +41,9 @@ import threading
 import time
 import warnings
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jax
 from jax.experimental.serialize_executable import deserialize_and_load, serialize

@@ -27,8 +27,8 @@ import contextlib
 import fcntl
 import re
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from mx_proxy.store import durable, files
 

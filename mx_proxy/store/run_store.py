@@ -105,7 +105,7 @@ def entry_key(config: Config, parent: str | None = None, at_step: int | None = N
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def resolve(store) -> "Store | None":
+def resolve(store) -> Store | None:
     """A :class:`Store` for ``store`` (a folder path or a Store), or ``None``
     (keep results in memory) for ``None``/``False``."""
     if store is None or store is False:
@@ -117,7 +117,8 @@ def resolve(store) -> "Store | None":
             raise ValueError("store must name a folder, got an empty path; pass store=None (or --store off) to "
                              "keep results in memory")
         return Store(store)
-    raise ValueError(f"store must be a folder path, an mx_proxy.store.run_store.Store, or None (memory only), got {store!r}")
+    raise ValueError(f"store must be a folder path, an mx_proxy.store.run_store.Store, or None (memory only), "
+                     f"got {store!r}")
 
 
 def _write_entry(d: Path, run: Run, meta: dict) -> None:
@@ -201,7 +202,8 @@ class Store:
         removed = []
         for key in promote.pending(self.root):
             with promote.lock(self.root, key):
-                removed += promote.recover(self.root, key, lambda: self._usable(key, quiet=True)[0] is not None)
+                removed += promote.recover(self.root, key,
+                                           lambda key=key: self._usable(key, quiet=True)[0] is not None)
         removed += ckpt.clean(self.root)
         for d in self.root.iterdir():
             if d.is_dir():

@@ -229,7 +229,7 @@ class Config:
         every = range(self.checkpoint_every, self.steps + 1, self.checkpoint_every) if self.checkpoint_every else ()
         return tuple(sorted(set(every) | {t for t in self.checkpoint_at if t <= self.steps}))
 
-    def replace(self, **changes) -> "Config":
+    def replace(self, **changes) -> Config:
         """A validated variant; unknown knobs raise a ValueError naming the valid ones."""
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
@@ -246,7 +246,7 @@ class Config:
         return config_json.to_dict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Config":
+    def from_dict(cls, d: dict[str, Any]) -> Config:
         """Inverse of :meth:`to_dict`; fields missing from an older dict take their defaults."""
         return config_json.from_dict(cls, d)
 

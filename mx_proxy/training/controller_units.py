@@ -28,7 +28,7 @@ def unit_names(depth: int) -> tuple[str, ...]:
 
 
 def _blocks(grads) -> list[str]:
-    found = sorted(((int(m.group(1)), k) for k in grads if (m := _BLOCK.match(str(k)))))
+    found = sorted((int(m.group(1)), k) for k in grads if (m := _BLOCK.match(str(k))))
     if not found:
         raise ValueError(f"no 'block_<i>' entries in the gradient tree (keys: {sorted(map(str, grads))})")
     if [i for i, _ in found] != list(range(len(found))):

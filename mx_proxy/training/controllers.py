@@ -149,7 +149,7 @@ class GNMR:
         return {name: getattr(self, name) for name in self.field_names()}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "GNMR":
+    def from_dict(cls, d: dict[str, Any]) -> GNMR:
         unknown = set(d) - set(cls.field_names())
         if unknown:
             raise ValueError(f"unknown GNMR field(s) {sorted(unknown)}; valid: {', '.join(cls.field_names())}")
@@ -161,7 +161,7 @@ class GNMR:
         return "gnmr:" + ",".join(parts)
 
     @classmethod
-    def parse(cls, text: str) -> "GNMR":
+    def parse(cls, text: str) -> GNMR:
         """Parse the CLI form: ``"gnmr"`` (defaults), ``"gnmr:k=v,..."`` or
         ``"k=v,..."``, e.g. ``"threshold=3,lock_steps=50,action=fp32"``;
         ``delta_threshold=none`` disables Δ-GNMR."""

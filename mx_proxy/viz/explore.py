@@ -52,7 +52,7 @@ import contextvars
 import io
 import threading
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 import pandas as pd
 from matplotlib.figure import Figure
@@ -65,9 +65,9 @@ from mx_proxy.training.config import Config
 from mx_proxy.training.engine import static_key
 from mx_proxy.training.result import Run
 from mx_proxy.viz import explore_results as _results
-from mx_proxy.viz.explore_training import interrupt_on_sigint, train_live
 from mx_proxy.viz.explore_controls import CONTROLS, CompileTimes, make_controls, read_controls, val_every
 from mx_proxy.viz.explore_results import PANELS, REFERENCE, TABLE_COLUMNS, draw_panel, panels  # noqa: F401 (API)
+from mx_proxy.viz.explore_training import interrupt_on_sigint, train_live
 
 __all__ = ["explore", "Explorer", "train_live", "base_config", "PANELS", "CONTROLS"]
 

@@ -127,7 +127,8 @@ def results_html(runs) -> str:
     t = table(runs).reset_index()
     cell = "padding:2px 10px;border-bottom:1px solid #ccc;text-align:right"
     head = "".join(f"<th style='{cell}'>{c}</th>" for c in t.columns)
-    rows = "".join("<tr>" + "".join(f"<td style='{cell}'>{v if isinstance(v, str) else '—' if pd.isna(v) else f'{v:.4g}'}"
+    rows = "".join("<tr>" + "".join(f"<td style='{cell}'>"
+                                    f"{v if isinstance(v, str) else '—' if pd.isna(v) else f'{v:.4g}'}"
                                     "</td>" for v in row) + "</tr>" for row in t.itertuples(index=False))
     return (f"<table style='border-collapse:collapse;margin:4px 0'><tr>{head}</tr>{rows}</table>"
             + markdown_html(conclusions(runs)))

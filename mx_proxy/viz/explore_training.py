@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import signal
-from typing import Callable
+from collections.abc import Callable
 
 from mx_proxy.runner import interrupt
 from mx_proxy.runner.loop import train as _train

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from mx_proxy.experiments import campaign, executors, paper, parallel, systems
 from mx_proxy.experiments import scales as _scales
@@ -144,13 +144,14 @@ def campaign_figures(results, out: str = "figures") -> list[str]:
         if all(any(r.info["kind"] == k for r in runs) for k in kinds):
             fig = fn((scale, runs))
             path = os.path.join(out, f"{name}.png")
-            durable.write_output(path, lambda p: fig.savefig(p, dpi=120, format="png"))
+            durable.write_output(path, lambda p, fig=fig: fig.savefig(p, dpi=120, format="png"))
             plots.plt.close(fig)
             written.append(path)
     return written
 
 
-# figures of runs trained (or loaded from the store) by an mx_proxy.experiments.paper experiment: name → (plot, experiment)
+# figures of runs trained (or loaded from the store) by an mx_proxy.experiments.paper experiment:
+# name → (plot, experiment)
 TRAINED: dict[str, tuple[Callable, Callable]] = {
     "lr_sweep": (plots.lr_sweep, paper.lr_sweep_runs),                  # Fig. 2
     "lr_summary": (plots.lr_summary, paper.lr_sweep_runs),              # Fig. 2 (summary)
@@ -196,7 +197,8 @@ FIGURE_DOCS = {
     "gradient_bias": "Fig. 4: the zeta bound and cosine of E4M3, E2M3 and FP4 over training",
     "ln_clamping": "Fig. 5 right: LN gains clamped, and exempting only the LN affine parameters",
     "mitigations": "Fig. 6: forward-only quantization and bf16 activations: loss relative to FP32, zeta, cosine",
-    "interventions": "Fig. 7: in-situ interventions from an early and a late checkpoint: loss relative to the unchanged run, zeta",
+    "interventions": "Fig. 7: in-situ interventions from an early and a late checkpoint: loss relative to the "
+                     "unchanged run, zeta",
     "spikes_vs_shape": "Fig. 9: loss spikes and zeta versus depth and width",
     "sgd_momentum": "Fig. 10: SGD with and without momentum",
     "init_ablation": "Fig. 11: PyTorch-default against lower-gain Xavier init",
@@ -282,7 +284,7 @@ def generate(names=None, *, scale: str = "quick", out=None, store=None, results=
         fig = FIGURES[name](scale, store=store, results=results)
         for ext in ("png", "pdf") if pdf else ("png",):
             path = os.path.join(out, f"{name}.{ext}")
-            durable.write_output(path, lambda p: fig.savefig(p, dpi=120, format=ext), elsewhere=(
+            durable.write_output(path, lambda p, fig=fig, ext=ext: fig.savefig(p, dpi=120, format=ext), elsewhere=(
                 f"its runs are in the run store {store}" if store is not None else ""))
             written.append(path)
         plots.plt.close(fig)

@@ -20,7 +20,8 @@ def _backend(code: str, **env) -> str:
 
 
 def test_importing_the_library_leaves_the_backend_unchosen():
-    code = "import mx_proxy as mxp, mx_proxy.viz.plots, mx_proxy.viz.figures, mx_proxy.viz.explore; import matplotlib.pyplot"
+    code = ("import mx_proxy as mxp, mx_proxy.viz.plots, mx_proxy.viz.figures, mx_proxy.viz.explore; "
+            "import matplotlib.pyplot")
     assert _backend(code) == "None"
 
 

@@ -361,8 +361,8 @@ def gen_bump(mx, src, out):
             arrays[f"{name}/{'bump' if bump else 'floor'}"] = to_np(y)
         arrays[f"{name}/x"] = x
         arrays[f"{name}/axis"] = sarr(str(axis))
-        print(f"bump {name}: shape {shape} axis {axis}: {np.mean(arrays[f'{name}/bump'] != arrays[f'{name}/floor']):.3f} "
-              f"of the elements change")
+        print(f"bump {name}: shape {shape} axis {axis}: "
+              f"{np.mean(arrays[f'{name}/bump'] != arrays[f'{name}/floor']):.3f} of the elements change")
     path = os.path.join(out, "mx_bump_fork.npz")
     save_npz(path, arrays)
     verify(path)

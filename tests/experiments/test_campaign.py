@@ -11,6 +11,7 @@ import pytest
 from mx_proxy.cli import main as cli
 from mx_proxy.experiments import campaign, scales
 from mx_proxy.viz import figures
+
 from conftest import dead_pid
 
 

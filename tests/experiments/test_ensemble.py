@@ -3,14 +3,14 @@
 import json
 
 import jax
-
 import numpy as np
 import pandas as pd
 import pytest
 
 import mx_proxy as mxp
 from mx_proxy.cli import main as cli
-from mx_proxy.experiments import branch, ensemble as E, ensemble_result, ensemble_status, report
+from mx_proxy.experiments import branch, ensemble_result, ensemble_status, report
+from mx_proxy.experiments import ensemble as E
 from mx_proxy.viz import plots
 
 PARENT = mxp.Config(width=16, depth=2, batch=32, steps=40, lr=3e-3, recipe="paper_e4m3", paired_run=True,
@@ -196,6 +196,7 @@ def test_an_arm_may_change_one_intervenable_field(parent):
 
 def test_an_ensemble_extends_with_arms_and_members_without_retraining(trained, parent, tmp_path):
     import shutil
+
     from mx_proxy.runner import loop as runner
     spec, out, runs = trained
     shutil.copytree(out, tmp_path / "e")

@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 import mx_proxy as mxp
-from mx_proxy.experiments import ensemble as E, ensemble_result, signals, stats
+from mx_proxy.experiments import ensemble as E
+from mx_proxy.experiments import ensemble_result, signals, stats
 from mx_proxy.training.result import Run
 
 BASE = mxp.Config(width=16, depth=2, steps=100, paired_run=True, diagnostics_every=5, recipe="paper_e4m3")

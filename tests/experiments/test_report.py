@@ -26,7 +26,8 @@ def _run(diverged_at=None, steps=2000, recipe="paper_e4m3"):
                       "zeta_paper": np.where(s == 300, 40.0, 1.0),
                       "ln_gain_mean/block_0": np.where(diag, 1.0 - 0.1 * s / (steps - 1), np.nan),
                       "ln_gain_mean/block_1": np.where(diag, 1.02, np.nan),
-                      "ln_clamp_frac/block_0": np.where(diag, np.select([s >= 1600, s >= 1200], [1.0, 0.6], 0.0), np.nan),
+                      "ln_clamp_frac/block_0": np.where(diag, np.select([s >= 1600, s >= 1200], [1.0, 0.6], 0.0),
+                                                        np.nan),
                       "ln_clamp_frac/block_1": np.where(diag, 0.0, np.nan)})
     m["ln_clamp_frac"] = (m["ln_clamp_frac/block_0"] + m["ln_clamp_frac/block_1"]) / 2
     info = {"kind": "paired", "label": f"paired-{recipe}"}
@@ -178,7 +179,8 @@ def test_interventions_table_lists_each_child_with_its_outcome():
                       "the FP32 run; its losses equal the run's bit for bit.") == 1
     kids[1].info["intervention"]["replay"] = {"from_step": 500, "paired_run": True, "identical": False,
                                               "first_difference": 700}
-    assert "replayed from step 500; its losses differ from the run's from step 700" in report.markdown([parent, kids[1]])
+    assert ("replayed from step 500; its losses differ from the run's from step 700"
+            in report.markdown([parent, kids[1]]))
 
 
 def test_cli_report_draws_a_committed_ensembles_figures_and_refuses_a_campaigns(tmp_path, capsys, monkeypatch):

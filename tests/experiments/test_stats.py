@@ -4,7 +4,8 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as hs
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from mx_proxy.experiments import stats
 

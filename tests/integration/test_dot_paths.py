@@ -22,13 +22,15 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import exactness
 import mx_proxy as mxp
 from mx_proxy.nn import layers
 from mx_proxy.numerics import recipe as recipes
 
+import exactness
+
 ROOT = Path(__file__).resolve().parents[2]
-F32_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}  # mx_proxy.training.engine.compiler_options of a dot="f32" run
+# mx_proxy.training.engine.compiler_options of a dot="f32" run
+F32_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
 # --------------------------------------------------------------------------- both dot paths

@@ -279,7 +279,8 @@ def test_orbax_noise_of_a_failed_checkpoint_read_or_write_is_held_back(tmp_path)
     (lambda r: mxp.sweep(BASE, lr=[1e-3], group_size=2.5), "group_size"), (lambda r: mxp.train("cfg"), "config"),
     (lambda r: mxp.intervene(r, 10, apply=5), "apply"), (lambda r: mxp.intervene(r, 10, apply=[5]), "apply"),
     (lambda r: mxp.intervene(r, "10"), "at_step"), (lambda r: mxp.intervene(r, 10, recipe=3), "recipe"),
-    (lambda r: mxp.intervene(3, 10), "intervene needs"), (lambda r: mxp.with_checkpoint(r, 10, paired_run=1), "paired_run"),
+    (lambda r: mxp.intervene(3, 10), "intervene needs"),
+    (lambda r: mxp.with_checkpoint(r, 10, paired_run=1), "paired_run"),
     (lambda r: mxp.load(3), "run folder"), (lambda r: BASE.replace(width="8"), "width")])
 def test_wrongly_typed_api_arguments_name_the_argument(call, name, trained):
     run = mxp.Run(BASE, pd.DataFrame({"step": np.arange(20)}), None)
@@ -303,4 +304,5 @@ def test_the_estimate_counts_metric_buffers_and_in_memory_checkpoints():
     assert long.chunk == long.steps and BASE.replace(val_every=10 ** 8).chunk == BASE.steps
     assert memory.estimate(long) - memory.estimate(BASE.replace(checkpoint_every=0)) >= 4 * 6 * (10 ** 7 - 20)
     kept = BASE.replace(steps=1000, checkpoint_every=5)
-    assert memory.estimate(kept, checkpoints_in_memory=True) > memory.estimate(kept) + 199 * memory.parameter_floor(kept)
+    assert (memory.estimate(kept, checkpoints_in_memory=True)
+            > memory.estimate(kept) + 199 * memory.parameter_floor(kept))

@@ -27,11 +27,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import exactness
-from mx_proxy.nn import layers, resmlp as model
+from mx_proxy.nn import layers
+from mx_proxy.nn import resmlp as model
 from mx_proxy.numerics import recipe as recipes
 from mx_proxy.numerics.quantize import MXSpec, quantize
 from mx_proxy.training.optimizer import scale_by_adam
+
+import exactness
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -207,7 +209,7 @@ def test_three_adam_steps_track_the_authors_run(case, recipe):
     losses = []
     for i in range(3):
         xs, ys = jnp.asarray(d["steps/x"][i]), jnp.asarray(d["steps/y"][i])
-        loss, g = jax.value_and_grad(lambda q: jnp.mean(jnp.square(st.apply({"params": q}, xs) - ys)))(p)
+        loss, g = jax.value_and_grad(lambda q, xs=xs, ys=ys: jnp.mean(jnp.square(st.apply({"params": q}, xs) - ys)))(p)
         u, state = tx.update(g, state, p)
         p = jax.tree.map(lambda a, b: a - 6e-4 * b, p, u)
         losses.append(float(loss))

@@ -227,7 +227,7 @@ print(json.dumps({"kernelspec": {"display_name": spec["display_name"], "language
 """
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _metadata_json() -> str:
     # asked of a fresh interpreter, as a kernel would start: another test in this worker may have swapped or
     # removed modules (ipywidgets, ipykernel) in sys.modules

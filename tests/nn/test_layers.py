@@ -5,10 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import exactness
 from mx_proxy.nn.layers import activation, layer_norm, mx_dense, vround
 from mx_proxy.numerics import recipe as recipes
 from mx_proxy.numerics.quantize import MXSpec, quantize
+
+import exactness
 
 HI = jax.lax.Precision.HIGHEST
 
@@ -101,7 +102,8 @@ def test_layer_norm_matches_torch_semantics_in_fp32():
     bias = jnp.linspace(-0.1, 0.1, 64)
     y = layer_norm(x, gain, bias, recipes.get("fp32"))
     xn = np.asarray(x, np.float64)
-    ref = (xn - xn.mean(-1, keepdims=True)) / np.sqrt(xn.var(-1, keepdims=True) + 1e-5) * np.asarray(gain) + np.asarray(bias)
+    ref = ((xn - xn.mean(-1, keepdims=True)) / np.sqrt(xn.var(-1, keepdims=True) + 1e-5) * np.asarray(gain)
+           + np.asarray(bias))
     np.testing.assert_allclose(np.asarray(y), ref, rtol=1e-5, atol=1e-5)
 
 
@@ -149,7 +151,7 @@ def test_pallas_backend_matches_xla(name):
     outs = {}
     for backend in ("xla", "pallas"):
         rb = r.replace(backend=backend)
-        y, vjp = jax.vjp(lambda x, w, b: mx_dense(x, w, b, rb), x, w, b)
+        y, vjp = jax.vjp(lambda x, w, b, rb=rb: mx_dense(x, w, b, rb), x, w, b)
         outs[backend] = (y, *vjp(g))
     for a, e in zip(outs["pallas"], outs["xla"]):
         np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=1e-2, atol=1e-5)  # bf16 outputs: 1 ulp

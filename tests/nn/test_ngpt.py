@@ -12,7 +12,8 @@ import numpy as np
 import optax
 import pytest
 
-from mx_proxy.nn import architectures, layers, resmlp as model, ngpt
+from mx_proxy.nn import architectures, layers, ngpt
+from mx_proxy.nn import resmlp as model
 from mx_proxy.numerics.recipe import PRESETS
 
 D, DEPTH, B = 32, 2, 64
@@ -42,7 +43,7 @@ def _apply(m, p, x, key=None, promote=None):
     return y, st["intermediates"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _init_fn(act, depth):
     return jax.jit(ngpt.NGPTStudent(width=D, depth=depth, act=act).init)
 
@@ -51,14 +52,14 @@ def _params(seed=1, act="gelu", depth=DEPTH):
     return _init_fn(act, depth)(jax.random.key(seed), jnp.zeros((1, D)))["params"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _forward(recipe="fp32", high=None, act="gelu", depth=DEPTH):
     """jitted (p, x, key=None, promote=None) -> (y, intermediates)."""
     m = ngpt.NGPTStudent(width=D, depth=depth, act=act, recipe=_recipe(recipe), high_recipe=_recipe(high))
     return jax.jit(functools.partial(_apply, m))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _grads(recipe="fp32"):
     """jitted (p, x, target) -> gradients of the MSE."""
     m = ngpt.NGPTStudent(width=D, depth=DEPTH, recipe=_recipe(recipe))
@@ -141,8 +142,10 @@ def test_normalize_weights_after_adam():
     assert jax.tree.structure(q) == jax.tree.structure(p)
     for i in range(DEPTH):
         b, c = p[f"block_{i}"], q[f"block_{i}"]
-        np.testing.assert_allclose(jnp.linalg.norm(c["fc1"], axis=ngpt.WEIGHT_NORM_AXES["fc1"]), 1.0, atol=FP32_NORM_TOL)
-        np.testing.assert_allclose(jnp.linalg.norm(c["fc2"], axis=ngpt.WEIGHT_NORM_AXES["fc2"]), 1.0, atol=FP32_NORM_TOL)
+        np.testing.assert_allclose(jnp.linalg.norm(c["fc1"], axis=ngpt.WEIGHT_NORM_AXES["fc1"]), 1.0,
+                                   atol=FP32_NORM_TOL)
+        np.testing.assert_allclose(jnp.linalg.norm(c["fc2"], axis=ngpt.WEIGHT_NORM_AXES["fc2"]), 1.0,
+                                   atol=FP32_NORM_TOL)
         for k in ("alpha", "s_u"):
             np.testing.assert_array_equal(c[k], b[k])
             assert not np.allclose(b[k], p0[f"block_{i}"][k])  # Adam did move them

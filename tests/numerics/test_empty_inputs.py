@@ -9,8 +9,16 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from mx_proxy.numerics import formats
-from mx_proxy.numerics.quantize import BLOCK_DIMS, NVFP4, NVFP4_2D, ROUNDINGS, SCALE_RULES, MXSpec, quantize, \
-    quantize_stats
+from mx_proxy.numerics.quantize import (
+    BLOCK_DIMS,
+    NVFP4,
+    NVFP4_2D,
+    ROUNDINGS,
+    SCALE_RULES,
+    MXSpec,
+    quantize,
+    quantize_stats,
+)
 
 
 def _specs():

@@ -17,12 +17,21 @@ import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from test_quantize import assert_same_bits, assert_same_stats
 
 from mx_proxy.numerics.formats import positive_codes
-from mx_proxy.numerics.quantize import (E4M3_SCALE_RULES, NAN_SCALE_EXP, NVFP4, NVFP4_2D, SCALE_FORMATS, ZERO_SCALE_EXP,
-                                        MXSpec, quantize, quantize_stats)
+from mx_proxy.numerics.quantize import (
+    E4M3_SCALE_RULES,
+    NAN_SCALE_EXP,
+    NVFP4,
+    NVFP4_2D,
+    SCALE_FORMATS,
+    ZERO_SCALE_EXP,
+    MXSpec,
+    quantize,
+    quantize_stats,
+)
 from mx_proxy.numerics.reference import reference_quantize, reference_stats, round24
-from test_quantize import assert_same_bits, assert_same_stats
 
 KEY = jax.random.key(5, impl="rbg")  # see test_quantize: rbg keys compile faster
 SPECS = tuple(s.replace(rounding=o) for s in (NVFP4, NVFP4_2D) for o in ("even", "away", "stochastic"))
@@ -86,7 +95,7 @@ RAGGED = _inputs((37, 50), seed=1)
 def test_equals_reference_bit_for_bit(inputs):
     """NVFP4 and NVFP4 2-D (16x16 tiles), even / away / stochastic (same key),
     every input kind; values and all statistics."""
-    for name, x in inputs.items():
+    for _name, x in inputs.items():
         for spec, (q, stats) in zip(SPECS, _run(x)):
             rb = _rbits(spec, x.shape)
             assert_same_bits(q, reference_quantize(x, spec, -1, rb))
@@ -269,7 +278,7 @@ def test_tiny_amax_keeps_block_scales_and_shifts_the_global_one():
 def test_all_zero_tensor_gives_zeros():
     x = np.zeros((48, 80), np.float32)
     x[1] = -0.0
-    for spec, (q, stats) in zip(SPECS, _run(x)):
+    for _spec, (q, stats) in zip(SPECS, _run(x)):
         assert_same_bits(q, x)  # signs kept
         assert float(stats.flushed_frac) == 0 and float(stats.nan_frac) == 0 and float(stats.global_scale) == 1.0
         assert np.all(np.asarray(stats.scale_exponent) == ZERO_SCALE_EXP)

@@ -95,7 +95,8 @@ def test_vround_backward_rounds_the_cotangent_unless_fp32():
     x = jnp.linspace(-3, 3, 97, dtype=jnp.float32)
     g = jnp.full_like(x, 1.0 + 2.0 ** -9)  # rounds to 1.0 in bf16 (ties: no; below half an ulp)
     for rounding, backward, want in (("even", None, 1.0), ("away", None, 1.0), ("away", "fp32", 1.0 + 2.0 ** -9)):
-        _, vjp = jax.vjp(lambda v: layers.vround(v, "bf16", rounding, backward), x)
+        _, vjp = jax.vjp(
+            lambda v, rounding=rounding, backward=backward: layers.vround(v, "bf16", rounding, backward), x)
         np.testing.assert_array_equal(np.asarray(vjp(g)[0]), np.full(97, want, np.float32))
 
 
@@ -127,7 +128,8 @@ def test_recipes_and_configs_serialize_every_field_under_a_schema_version():
     plain = recipe_json.to_json(recipes.get("mxfp8_e4m3").replace(name="x"))
     assert plain["vector_rounding"] == "even" and plain["train_ln_bias"] is True
     d = mxp.Config().to_dict()
-    assert d["schema"] == mx_proxy.training.config.SCHEMA and d["paired_run"] is False and d["reference_recipe"] == "fp32"
+    assert (d["schema"] == mx_proxy.training.config.SCHEMA and d["paired_run"] is False
+            and d["reference_recipe"] == "fp32")
     older = {k: v for k, v in d.items() if k not in ("schema", "paired_run", "reference_seed")}
     assert mxp.Config.from_dict(older) == mxp.Config()  # fields missing from an older dict take defaults
 

@@ -274,7 +274,8 @@ N_DRAWS = 4000
 @pytest.mark.parametrize("spec", [MXSpec(f, scale_rule=r, rounding="stochastic") for f, r in zip(FORMATS, RULES * 3)],
                          ids=_ids)
 @settings(PROPERTY, max_examples=15)
-@given(x=hnp.arrays(np.float32, (32,), elements=_signed(st.one_of(st.just(0.0), st.floats(2.0**-30, 2.0**30, width=32)))))
+@given(x=hnp.arrays(np.float32, (32,),
+                   elements=_signed(st.one_of(st.just(0.0), st.floats(2.0**-30, 2.0**30, width=32)))))
 def test_stochastic_rounding_is_unbiased(spec, x):
     """Over N_DRAWS draws each q(x) is one of x's two neighbouring grid points,
     and the number of round-ups is Binomial(N, p), p = x's fractional position

@@ -15,11 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from test_quantize import KINDS, _kind, assert_same_bits, assert_same_stats
 
 from mx_proxy.numerics.formats import positive_codes
 from mx_proxy.numerics.quantize import BLOCK_DIMS, MXSpec, quantize, quantize_stats
 from mx_proxy.numerics.reference import reference_quantize, reference_scale_exponent, reference_stats
-from test_quantize import KINDS, _kind, assert_same_bits, assert_same_stats
 
 FORMATS = ("fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8")
 RULES = ("floor", "rceil")

@@ -13,7 +13,8 @@ import pytest
 
 import mx_proxy as mxp
 from mx_proxy.numerics.mx import bits as B
-from mx_proxy.numerics.mx import element, block_scale as scale
+from mx_proxy.numerics.mx import block_scale as scale
+from mx_proxy.numerics.mx import element
 from mx_proxy.pallas import quantize as mxq
 
 FORMATS = tuple(n for n in mxp.formats.names() if not mxp.formats.get(n).is_vector)

@@ -25,7 +25,8 @@ def test_presets_follow_the_paper():
     assert {getattr(mixed, f).element.name for f in ("dgrad_g", "dgrad_w", "wgrad_x", "wgrad_g")} == {"fp8_e5m2"}
     ref = recipes.get("reference_mixed")
     assert ref.ln_affine is None and ref.vector == "bf16"
-    assert {getattr(ref, f).rounding for f in ("fwd_x", "fwd_w", "dgrad_g", "dgrad_w", "wgrad_x", "wgrad_g")} == {"away"}
+    assert {getattr(ref, f).rounding
+            for f in ("fwd_x", "fwd_w", "dgrad_g", "dgrad_w", "wgrad_x", "wgrad_g")} == {"away"}
     assert not recipes.get("forward_only").quantizes_backward
     assert recipes.get("ln_exempt").ln_precision == "fp32" and recipes.get("ln_exempt").ln_affine is None
     assert recipes.get("rceil").fwd_w.scale_rule == "rceil"

@@ -28,8 +28,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from mx_proxy.numerics import formats
-from mx_proxy.numerics import scale_rules
+from mx_proxy.numerics import formats, scale_rules
 from mx_proxy.numerics.mx import block_scale
 from mx_proxy.numerics.quantize import MXSpec, quantize, quantize_stats
 from mx_proxy.numerics.reference import reference_quantize, reference_stats

@@ -17,8 +17,9 @@ import pytest
 
 import mx_proxy as mxp
 from mx_proxy.cli.bench import kernels as bench
-from mx_proxy.pallas import mosaic_probe, gemm as mx_gemm, tuning
+from mx_proxy.pallas import gemm as mx_gemm
 from mx_proxy.pallas import matmul as mm
+from mx_proxy.pallas import mosaic_probe, tuning
 from mx_proxy.pallas import operand as mop
 from mx_proxy.pallas import quantize as mxq
 

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import mx_proxy as mxp
-from mx_proxy.pallas import backend, gemm as mx_gemm, tuning
+from mx_proxy.pallas import backend, tuning
+from mx_proxy.pallas import gemm as mx_gemm
 from mx_proxy.pallas import matmul as mm
 from mx_proxy.pallas import operand as mop
 from mx_proxy.pallas import quantize as mxq

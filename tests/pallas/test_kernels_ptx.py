@@ -17,8 +17,9 @@ import pytest
 
 import mx_proxy as mxp
 from mx_proxy.pallas import compile_check as cc
-from mx_proxy.pallas import gemm as mx_gemm, tuning
+from mx_proxy.pallas import gemm as mx_gemm
 from mx_proxy.pallas import operand as mop
+from mx_proxy.pallas import tuning
 
 _LOWER, _WHY_NOT = cc.lowering_possible()
 _PYTHON = cc.triton_python()

@@ -113,7 +113,8 @@ SHARDED = textwrap.dedent("""
 
 
 def test_sharded_sweep_equals_single_device():
-    env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2".strip(),
+    env = dict(os.environ,
+               XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2".strip(),
                JAX_PLATFORMS="cpu")
     root = Path(__file__).resolve().parents[2]
     env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")

@@ -98,7 +98,8 @@ def test_entries_counts_cache_files(tmp_path):
 def test_a_second_process_loads_every_program_from_the_cache(tmp_path):
     cache = tmp_path / "cache"
     first = _run(TRAIN, tmp_path, PROXY_COMPILE_CACHE=str(cache))
-    assert first["dir"] == str(cache) and first["min_time"] == compile_cache.MIN_COMPILE_TIME_S and first["min_size"] == 0
+    assert (first["dir"] == str(cache) and first["min_time"] == compile_cache.MIN_COMPILE_TIME_S
+            and first["min_size"] == 0)
     assert first["max_size"] == compile_cache.MAX_SIZE_BYTES > 0  # a cap: JAX locks entries while it reads or writes
     n, size = compile_cache.entries(cache)
     assert first["hits"] == 0 and n >= 1 and size > 0  # the segment program at least (0.1 s or more to compile)
@@ -126,18 +127,19 @@ def test_default_folder_and_off(tmp_path):
 
 
 def test_jax_folder_is_kept_and_enable_moves_the_cache(tmp_path):
-    code = textwrap.dedent("""
+    moved_dir = str(tmp_path / "moved")
+    code = textwrap.dedent(f"""
         import json, jax, jax.numpy as jnp
         import mx_proxy as mxp
         from mx_proxy.training import compile_cache
         kept = str(compile_cache.active_dir())
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # the tiny programs are written too
         jax.jit(lambda x: jnp.sin(x) * 3)(jnp.ones(3)).block_until_ready()
-        moved = compile_cache.enable(%r)
+        moved = compile_cache.enable({moved_dir!r})
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.jit(lambda x: jnp.cos(x) + 2)(jnp.ones(5)).block_until_ready()
         print("RESULT", json.dumps(dict(kept=kept, moved=str(moved))))
-    """ % str(tmp_path / "moved"))
+    """)
     out = _run(code, tmp_path, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jaxdir"))
     assert out == {"kept": str(tmp_path / "jaxdir"), "moved": str(tmp_path / "moved")}
     assert compile_cache.entries(tmp_path / "jaxdir")[0] >= 1  # the first program, before the move
@@ -171,6 +173,7 @@ def test_bench_compile_measures_cold_warm_and_a_new_program(tmp_path):
             for line in text.splitlines() if "kept executables" in line]
     assert cold_hits == 0 and cold_n > 0 and kept[0] == (0, 3), text  # cold: compiled, and kept
     assert warm_n == 0 and kept[1] == (3, 0), text  # warm: the three executables, nothing compiled
-    assert kept[2] == (0, 3) and 0 < new_n - new_hits < new_n, text  # a new activation: new programs (init from JAX's cache)
+    # a new activation: new programs (init from JAX's cache)
+    assert kept[2] == (0, 3) and 0 < new_n - new_hits < new_n, text
     assert "target: warm rerun adds <= 1 s:" in text and "target: a new program compiles in <= 8 s cold:" in text
     assert 0 < compile_cache.entries(tmp_path / "cache")[0] <= cold_n  # those that took 0.1 s or more to compile

@@ -66,6 +66,7 @@ def test_data_is_a_pure_function_of_seed_and_step():
 @pytest.mark.parametrize("seed", [0, 1, 12345, 2**31, 2**32 - 1])
 def test_host_built_key_data_equals_jax_key_data(seed):
     import jax
+
     from mx_proxy.training import dynamic
     assert np.array_equal(dynamic._key_data(seed), jax.random.key_data(jax.random.key(seed)))
 

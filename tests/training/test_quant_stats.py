@@ -97,7 +97,7 @@ def test_output_gradients_are_the_cotangents_the_low_precision_backward_receives
             quant_stats.output_perturbations(params, x.shape[0]))
         backward = {}
         for b in ("block_0", "block_1"):
-            for i, layer in enumerate(("fc1", "fc2")):
+            for _i, layer in enumerate(("fc1", "fc2")):
                 r = prog.recipe.for_layer(*layer_names(int(b[-1]), CFG.depth, layer))
                 bias = params[b]["fc2_bias"] if layer == "fc2" else None
                 res = (inter[b][f"{layer}_in"][0], params[b][layer], bias, None)

@@ -37,7 +37,8 @@ def test_new_presets():
         r = recipes.get(name)
         assert recipe_json.from_json(recipe_json.to_json(r)) == r
         custom = r.replace(name=f"{name}-copy")
-        assert recipe_json.from_json(recipe_json.to_json(custom)) == custom  # a dict with tiles, scale format, overrides
+        # a dict with tiles, scale format, overrides
+        assert recipe_json.from_json(recipe_json.to_json(custom)) == custom
 
 
 def test_overrides_and_pallas_validation():

@@ -118,8 +118,8 @@ def main(argv=None) -> int:
     spec = dict(width=args.width, depth=args.depth, batch=args.batch, recipe=args.recipe, dot=args.dot,
                 steps=args.steps, diagnostics_every=args.diagnostics_every, val_every=0)
     print(f"mx-proxy bench members: width {args.width}, depth {args.depth}, batch {args.batch}, {args.recipe}, "
-          f"dot={args.dot}, diagnostics every {args.diagnostics_every or 'never'}; runs of {args.steps} and {2 * args.steps} "
-          f"steps differenced, median of {args.repeats}")
+          f"dot={args.dot}, diagnostics every {args.diagnostics_every or 'never'}; "
+          f"runs of {args.steps} and {2 * args.steps} steps differenced, median of {args.repeats}")
     print(f"  CPU: {machine.describe()}")
     if len(cpus) < 2:
         print("  fewer than two CPUs: nothing to compare")

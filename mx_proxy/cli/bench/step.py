@@ -205,7 +205,8 @@ def main(argv=None) -> int:
             non_gemm = max(t["fp32", d, g] - fp32_gemm[d], 0.0)
             speeds = {(dt, k): per_flop[d, dt, k] for dt in DTYPES for k in KINDS if (d, dt, k) in per_flop}
             roof = roofline(r, d, base, speeds, t["teacher", d], non_gemm)
-            target = f" (target <= {PAPER_TARGET:.2f})" if r == "paper_e4m3" and d == "bf16" and cpu["native_bf16"] else ""
+            target = (f" (target <= {PAPER_TARGET:.2f})" if r == "paper_e4m3" and d == "bf16" and cpu["native_bf16"]
+                      else "")
             print(f"{line}{target}   roofline {roof * 1e3:8.2f}, step / roofline {step / roof:5.2f} "
                   f"(target <= {ROOFLINE_TARGET:.2f})")
     gflop = (sum(kind_flops.values()) + sum(flops(g) for g in teacher_gemms(base))) / 1e9

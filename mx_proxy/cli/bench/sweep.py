@@ -55,7 +55,8 @@ def main(argv=None) -> int:
     print(f"sweep of {args.members} LRs, width {args.width}, depth {args.depth}, batch {args.batch}, "
           f"{args.steps} steps, {args.recipe}, diagnostics every {args.diagnostics_every}")
     print(f"  warm-up (compile + {warm.steps} steps): single {compile_single:.1f} s, vmapped {compile_sweep:.1f} s")
-    print(f"  {args.members} runs one after another: {t_seq:.2f} s ({1e3 * t_seq / member_steps:.2f} ms per member-step)")
+    print(f"  {args.members} runs one after another: {t_seq:.2f} s "
+          f"({1e3 * t_seq / member_steps:.2f} ms per member-step)")
     print(f"  one vmapped sweep:           {t_vmap:.2f} s ({1e3 * t_vmap / member_steps:.2f} ms per member-step)")
     print(f"  ratio vmapped / sequential = {t_vmap / t_seq:.3f} (target <= 0.75); "
           f"members equal their single runs bit for bit: {exact}")

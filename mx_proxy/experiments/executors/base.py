@@ -18,8 +18,9 @@ its arguments plain data, so a job on another host can run it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from mx_proxy.store import checkpoint as ckpt
 from mx_proxy.store import files

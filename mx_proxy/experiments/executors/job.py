@@ -104,7 +104,7 @@ class UnitJob(submitit.helpers.Checkpointable):
     module docstring); returns a small summary (the runs are in the store)."""
 
     def __init__(self, name: str, fn, args: tuple, store: str, keys: tuple[str, ...],
-                 track: "tracking.Tracking | None" = None):
+                 track: tracking.Tracking | None = None):
         self.name, self.fn, self.args, self.store, self.keys = name, fn, tuple(args), str(store), tuple(keys)
         self.track = track
 

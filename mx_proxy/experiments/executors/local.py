@@ -10,8 +10,8 @@ with one progress bar (:func:`mx_proxy.experiments.parallel.train_all`, what
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from mx_proxy.experiments import parallel
 from mx_proxy.experiments.executors.base import Failure, OnUnit, WorkUnit

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Mapping
 
 __all__ = ["SlurmOptions", "parse_time", "parse_extra", "RESERVED"]
 

@@ -29,8 +29,8 @@ import os
 import shutil
 import socket
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import submitit
 from submitit.slurm.slurm import SlurmInfoWatcher
@@ -184,7 +184,8 @@ class SlurmExecutor:
         alive = {uid: submitit.SlurmJob(self.folder / "%j", job) for uid, job in known.items()
                  if states.get(job, "UNKNOWN") in ACTIVE and states.get(job) != "UNKNOWN"}
         if alive:
-            log(f"attached to {len(alive)} job(s) still pending or running: {', '.join(j.job_id for j in alive.values())}")
+            log(f"attached to {len(alive)} job(s) still pending or running: "
+                f"{', '.join(j.job_id for j in alive.values())}")
         return alive
 
     def _submit(self, units: Sequence[WorkUnit], store: str, log) -> dict[str, submitit.SlurmJob]:

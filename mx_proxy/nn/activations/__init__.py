@@ -17,7 +17,7 @@ name=..., doc=..., fn=lambda x, r: r(f(x))))`` (docs/architecture.md).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from mx_proxy.nn.rounding import _rounder
 from mx_proxy.numerics.recipe import Recipe

@@ -22,7 +22,7 @@ with ``f(z, params, recipe)`` (docs/architecture.md).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import flax.linen as nn
 import jax.numpy as jnp

@@ -101,7 +101,7 @@ def block_quantities(e, nan, fmt: ElementFormat) -> Block:
                  step=B.pow2_bits(s0), half=B.pow2_bits(s0 - 1))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def block_table(fmt: ElementFormat, scale_rule: str) -> np.ndarray:
     """:func:`block_quantities` of every possible block: an int64 table with
     columns (e, nan, sat, v, step, half), one row per amax exponent field F

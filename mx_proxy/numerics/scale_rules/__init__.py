@@ -37,7 +37,7 @@ doc=..., bump=...))`` and its test (docs/architecture.md).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from mx_proxy.numerics.registry import Registry, load_entries
 

@@ -39,6 +39,6 @@ from mx_proxy.viz.plots.training import (
 )
 
 __all__ = ["plt", "color", "norm_label", "sawtooth", "ln_collapse", "loss_grid", "lr_sweep", "lr_summary", "ablations",
-           "gradient_bias", "paper_metric", "ln_clamping", "ln_gains", "mitigations", "interventions", "spikes_vs_shape",
-           "sgd_momentum", "init_ablation", "systems", "reference_name", "survival", "blowup_rates",
+           "gradient_bias", "paper_metric", "ln_clamping", "ln_gains", "mitigations", "interventions",
+           "spikes_vs_shape", "sgd_momentum", "init_ablation", "systems", "reference_name", "survival", "blowup_rates",
            "quant_stats"]

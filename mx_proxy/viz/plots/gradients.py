@@ -7,8 +7,19 @@ import numpy as np
 
 from mx_proxy.experiments import analysis
 from mx_proxy.numerics.quantize import MXSpec
-from mx_proxy.viz.plots.style import (_auto_smooth, _blowup, _mark_divergence, _plot_smoothed, _run_label, _series,
-                                      _smooth, _trend, _zeta_axis, color, finish)
+from mx_proxy.viz.plots.style import (
+    _auto_smooth,
+    _blowup,
+    _mark_divergence,
+    _plot_smoothed,
+    _run_label,
+    _series,
+    _smooth,
+    _trend,
+    _zeta_axis,
+    color,
+    finish,
+)
 
 
 def _ref_label(r, lr=None) -> str:
@@ -104,7 +115,7 @@ def paper_metric(runs, controls=(), title: str | None = None):
             (color(r.config.recipe.name), "-")
         name = reference_name(r) if is_control else r.config.recipe.name
         x, y = _series(r, "loss")
-        _plot_smoothed(a_loss, x, y, smooth, color=c, ls=ls, lw=1.1, label=_run_label(r, lambda _: name))
+        _plot_smoothed(a_loss, x, y, smooth, color=c, ls=ls, lw=1.1, label=_run_label(r, lambda _, name=name: name))
         _mark_divergence(a_loss, r, c)
         key = (r.config.width, r.config.reference_recipe.name, r.config.reference_seed, r.config.reference_data_seed)
         if not is_control and key not in ref_drawn:

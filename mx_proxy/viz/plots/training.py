@@ -5,8 +5,18 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from mx_proxy.viz.plots.style import (_auto_smooth, _blowup, _color_for, _label, _mark_divergence,
-                                      _plot_smoothed, _series, color, finish, norm_label)
+from mx_proxy.viz.plots.style import (
+    _auto_smooth,
+    _blowup,
+    _color_for,
+    _label,
+    _mark_divergence,
+    _plot_smoothed,
+    _series,
+    color,
+    finish,
+    norm_label,
+)
 
 
 def loss_grid(runs, panel_by="lr", color_by="recipe", column: str = "loss", smooth: int | None = None,
