@@ -7,10 +7,10 @@
 
 Prints one block: the commit, the CPU (model, cores, AVX2/AVX512-BF16/AMX), its measured float32 and bf16
 GEMM speed (2048×512 @ 512×2048, the width-512 batch-2048 step's shape, in GFLOP/s, measured after the
-tests), the wall time of the test command (its install included), and pytest's last line (passed/failed/skipped).
-The compilation cache starts
-empty (a fresh machine's), as in CI, so two machines' times compare: divide by the GEMM speed to see whether a
-slower suite is a slower CPU or more work. The exit status is the test command's.
+tests), the wall time of the test command (its install included), and pytest's last line
+(passed/failed/skipped). The compilation cache starts empty (a fresh machine's), as in CI, so two machines'
+times compare: divide by the GEMM speed to see whether a slower suite is a slower CPU or more work. The exit
+status is the test command's.
 """
 
 from __future__ import annotations
