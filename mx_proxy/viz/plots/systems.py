@@ -52,6 +52,42 @@ def systems(runs_or_table, *, stress_label: str | None = None, title: str | None
     ypos = {s: i for i, s in enumerate(order)}
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(14, 1.2 + 0.42 * max(len(order), 4)), sharey=True)
 
+    _base_panel(a1, df, order, ypos)
+    _stress_panel(a2, df, order, ypos, stress_label)
+    a1.set_yticks(range(len(order)))
+    a1.set_yticklabels(order, fontsize=8)
+    a1.set_ylim(len(order) - 0.5, -0.5)
+    for ax in (a1, a2):
+        ax.grid(axis="x", color="0.9", lw=0.6)
+        ax.set_axisbelow(True)
+    fig.suptitle(title or "Beyond the paper: 2-D blocks + SR, NVFP4, nGPT and GNMR against the paper's mitigations")
+    fig.tight_layout()
+    return fig
+
+
+def _base_notes(s: str, row) -> list[str]:
+    """The text beside a system's base-setting bar: its ratio (or where it diverged), nGPT's ratio to
+    the resmlp FP32 run, and the share of GEMM work in low precision where it is below 100 % or a
+    controller ran."""
+    import pandas as pd
+
+    v = row["vs_own_fp32"]
+    notes = []
+    if np.isfinite(v):
+        notes.append(f"×{v:.3f}")
+    elif pd.notna(row["diverged_at"]):
+        notes.append(f"diverged @ {int(row['diverged_at'])}")
+    if _systems.SYSTEMS[s].get("arch") == "ngpt" and np.isfinite(row["vs_fp32"]):
+        notes.append(f"(×{row['vs_fp32']:.2g} of resmlp FP32)")
+    lp = row["low_precision_frac"]
+    is_ctrl = _systems.SYSTEMS[s].get("controller") is not None
+    if is_ctrl or 0 < lp < 1 or (lp == 0 and s != "fp32" and "fp32" not in s):
+        notes.append(f"LP GEMMs {100 * lp:.1f}%" + (f", {int(row['promotions'])} promotions" if is_ctrl else ""))
+    return notes
+
+
+def _base_panel(a1, df, order, ypos) -> None:
+    """Left panel: each system's final loss over its own FP32 run's, base setting, first seed."""
     base = df[df["setting"] == "base"]
     if len(base):
         seed0 = base["seed"].min()
@@ -73,18 +109,7 @@ def systems(runs_or_table, *, stress_label: str | None = None, title: str | None
                 continue
             row = base.loc[s]
             v = row["vs_own_fp32"]
-            notes = []
-            if np.isfinite(v):
-                notes.append(f"×{v:.3f}")
-            elif pd.notna(row["diverged_at"]):
-                notes.append(f"diverged @ {int(row['diverged_at'])}")
-            if _systems.SYSTEMS[s].get("arch") == "ngpt" and np.isfinite(row["vs_fp32"]):
-                notes.append(f"(×{row['vs_fp32']:.2g} of resmlp FP32)")
-            lp = row["low_precision_frac"]
-            is_ctrl = _systems.SYSTEMS[s].get("controller") is not None
-            if is_ctrl or 0 < lp < 1 or (lp == 0 and s != "fp32" and "fp32" not in s):
-                notes.append(f"LP GEMMs {100 * lp:.1f}%" + (f", {int(row['promotions'])} promotions" if is_ctrl
-                                                            else ""))
+            notes = _base_notes(s, row)
             x = max(v, 1.0) if np.isfinite(v) else 1.0
             a1.text(x * 1.003, ypos[s], " " + "  ".join(notes), va="center", fontsize=7)
         a1.axvline(1.0, color=color("fp32"), lw=1)
@@ -92,6 +117,11 @@ def systems(runs_or_table, *, stress_label: str | None = None, title: str | None
     else:
         a1.text(0.5, 0.5, "no base runs", transform=a1.transAxes, ha="center", va="center", color="0.4")
     a1.set_xlabel("final training loss / FP32's (log; nGPT systems: / nGPT in FP32)")
+
+
+def _stress_panel(a2, df, order, ypos, stress_label) -> None:
+    """Right panel: per system and seed, the step each stress-setting run diverged or blew up."""
+    import pandas as pd
 
     stress = df[df["setting"] == "stress"]
     if len(stress):
@@ -131,12 +161,3 @@ def systems(runs_or_table, *, stress_label: str | None = None, title: str | None
     else:
         a2.text(0.5, 0.5, "no stress runs", transform=a2.transAxes, ha="center", va="center", color="0.4")
     a2.set_xlabel("step")
-    a1.set_yticks(range(len(order)))
-    a1.set_yticklabels(order, fontsize=8)
-    a1.set_ylim(len(order) - 0.5, -0.5)
-    for ax in (a1, a2):
-        ax.grid(axis="x", color="0.9", lw=0.6)
-        ax.set_axisbelow(True)
-    fig.suptitle(title or "Beyond the paper: 2-D blocks + SR, NVFP4, nGPT and GNMR against the paper's mitigations")
-    fig.tight_layout()
-    return fig
