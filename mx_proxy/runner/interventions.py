@@ -245,51 +245,20 @@ def intervene(run: Run | str | Path, at_step: int, recipe: str | _recipes.Recipe
         the available ones), an unknown mitigation, or a field that cannot
         change mid-run.
     """
-    applied = _mitigations(apply)
-    _check_step("at_step", at_step)
-    if recipe is not None and not isinstance(recipe, (str, _recipes.Recipe)):
-        raise ArgumentTypeError(f"recipe must be a preset name (str), a Recipe or None, got {recipe!r} "
-                        f"({type(recipe).__name__})")
-    check_flags(force=force, progress=progress)
-    bad = sorted(set(changes) - set(INTERVENABLE_FIELDS))
-    if bad:
-        unknown = [b for b in bad if b not in Config.field_names()]
-        what = "unknown config field(s)" if unknown else "field(s) that cannot change mid-run"
-        raise ValueError(f"intervene: {what} {bad}; changeable: {', '.join(INTERVENABLE_FIELDS)}")
-    for name, value in changes.items():  # each value on its own before the parent is read
-        if name != "checkpoint_at":
-            check_field(name, value)
+    applied = _check_arguments(at_step, recipe, apply, force, progress, changes)
     parent = _parent(run, "intervene")
     pc = parent.config
     sink = _parent_sink(parent)
-    available = sink.steps()
     at_step = int(at_step)
-    last = pc.steps if parent.diverged_at is None else parent.diverged_at
-    if not 0 < at_step <= last:
-        raise ValueError(f"at_step {at_step} is beyond the run (it ran steps 0…{last - 1}"
-                         f"{'' if parent.diverged_at is None else f', diverged at {parent.diverged_at}'}); "
-                         f"checkpoints at: {available or 'none'}")
-    if at_step not in available:
-        raise ValueError(f"no checkpoint at step {at_step}; checkpoints at: {available or 'none'} "
-                         f"(train the parent with checkpoint_at=({at_step},) or checkpoint_every=N, N dividing "
-                         f"{at_step}, or replay it there with mxp.with_checkpoint(run, {at_step}))")
-    _check_parent(parent, sink, at_step)
+    _check_checkpoint(parent, sink, at_step)
     new_recipe = _recipes.get(recipe) if recipe is not None else pc.recipe
     if applied:
         new_recipe = _recipes.mitigate(new_recipe, applied)
-    child = pc.replace(recipe=new_recipe, **changes)
-    if child.steps <= at_step:
-        raise ValueError(f"steps ({child.steps}) must exceed at_step ({at_step}) to continue the run")
-    if child.diagnostics_every and at_step % child.diagnostics_every:
-        raise ValueError(f"at_step {at_step} must be a multiple of diagnostics_every ({child.diagnostics_every})")
-
+    child = _child_config(pc, new_recipe, changes, at_step)
     _memory.check(child, checkpoints_in_memory=store is False or (store is None and parent.path is None))
     parent_key = parent.info.get("key", pc.hash())
     key = _store.entry_key(child, parent_key, at_step)
-    if store is None and parent.path is not None:  # next to its parent
-        st = _store.Store(Path(parent.path).resolve().parent)
-    else:
-        st = _store.resolve(store)
+    st = _child_store(store, parent)
     if st is not None:
         st.check_writable()
         if not force:
@@ -319,3 +288,56 @@ def intervene(run: Run | str | Path, at_step: int, recipe: str | _recipes.Recipe
         interruption.finish(out)
         _progress.report(bar, f"{new_recipe.name} from step {at_step}", [out], progress=progress, start=at_step)
     return out
+
+
+def _check_arguments(at_step, recipe, apply, force, progress, changes) -> list[str]:
+    """:func:`intervene`'s arguments checked on their own, before the parent is read; returns the
+    mitigations' names."""
+    applied = _mitigations(apply)
+    _check_step("at_step", at_step)
+    if recipe is not None and not isinstance(recipe, (str, _recipes.Recipe)):
+        raise ArgumentTypeError(f"recipe must be a preset name (str), a Recipe or None, got {recipe!r} "
+                                f"({type(recipe).__name__})")
+    check_flags(force=force, progress=progress)
+    bad = sorted(set(changes) - set(INTERVENABLE_FIELDS))
+    if bad:
+        unknown = [b for b in bad if b not in Config.field_names()]
+        what = "unknown config field(s)" if unknown else "field(s) that cannot change mid-run"
+        raise ValueError(f"intervene: {what} {bad}; changeable: {', '.join(INTERVENABLE_FIELDS)}")
+    for name, value in changes.items():  # each value on its own before the parent is read
+        if name != "checkpoint_at":
+            check_field(name, value)
+    return applied
+
+
+def _check_checkpoint(parent: Run, sink, at_step: int) -> None:
+    """Refuse an ``at_step`` the parent did not reach or holds no (valid) checkpoint at."""
+    available = sink.steps()
+    last = parent.config.steps if parent.diverged_at is None else parent.diverged_at
+    if not 0 < at_step <= last:
+        raise ValueError(f"at_step {at_step} is beyond the run (it ran steps 0…{last - 1}"
+                         f"{'' if parent.diverged_at is None else f', diverged at {parent.diverged_at}'}); "
+                         f"checkpoints at: {available or 'none'}")
+    if at_step not in available:
+        raise ValueError(f"no checkpoint at step {at_step}; checkpoints at: {available or 'none'} "
+                         f"(train the parent with checkpoint_at=({at_step},) or checkpoint_every=N, N dividing "
+                         f"{at_step}, or replay it there with mxp.with_checkpoint(run, {at_step}))")
+    _check_parent(parent, sink, at_step)
+
+
+def _child_config(pc: Config, new_recipe, changes: dict, at_step: int) -> Config:
+    """The continued run's config: the parent's with the new recipe and ``changes``."""
+    child = pc.replace(recipe=new_recipe, **changes)
+    if child.steps <= at_step:
+        raise ValueError(f"steps ({child.steps}) must exceed at_step ({at_step}) to continue the run")
+    if child.diagnostics_every and at_step % child.diagnostics_every:
+        raise ValueError(f"at_step {at_step} must be a multiple of diagnostics_every ({child.diagnostics_every})")
+    return child
+
+
+def _child_store(store, parent: Run):
+    """Where the continued run is kept: ``store``, or by default next to its parent (memory only for a
+    parent kept in memory)."""
+    if store is None and parent.path is not None:
+        return _store.Store(Path(parent.path).resolve().parent)
+    return _store.resolve(store)
