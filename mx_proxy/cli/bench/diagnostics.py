@@ -16,6 +16,7 @@ import argparse
 
 import jax
 
+from mx_proxy.cli.bench.options import add_shape
 from mx_proxy.cli.bench.step import interleaved_medians, step_timer
 from mx_proxy.training.config import Config
 from mx_proxy.viz.text import plain
@@ -30,9 +31,7 @@ def run_cost(plain_s: float, off_s: float, on_s: float, period: int) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="mx-proxy bench diagnostics", description=plain(__doc__))
-    p.add_argument("--width", type=int, default=256)
-    p.add_argument("--depth", type=int, default=4)
-    p.add_argument("--batch", type=int, default=512)
+    add_shape(p, width=256, batch=512)
     p.add_argument("--steps", type=int, default=10, help="steps per timed call")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--period", type=int, default=Config().diagnostics_every,

@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 from mx_proxy.cli.bench import machine
+from mx_proxy.cli.bench.options import add_shape
 from mx_proxy.runner import loop as runner
 from mx_proxy.training.config import Config
 from mx_proxy.viz.text import plain
@@ -102,9 +103,7 @@ def per_hour(members: int, steps: int, seconds: float) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="mx-proxy bench members", description=plain(__doc__))
-    p.add_argument("--width", type=int, default=512)
-    p.add_argument("--depth", type=int, default=4)
-    p.add_argument("--batch", type=int, default=2048)
+    add_shape(p, width=512, batch=2048)
     p.add_argument("--recipe", default="paper_e4m3")
     p.add_argument("--dot", default="bf16")
     p.add_argument("--steps", type=int, default=10, help="steps per timed run")

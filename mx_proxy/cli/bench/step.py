@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mx_proxy.cli.bench import machine
+from mx_proxy.cli.bench.options import add_shape
 from mx_proxy.nn.blocks import fc1_width, hidden_width, layer_names
 from mx_proxy.nn.layers import _bf16_exact
 from mx_proxy.numerics import recipe as recipes
@@ -153,9 +154,7 @@ def roofline(recipe, dot: str, config: Config, seconds_per_flop: dict, t_teacher
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="mx-proxy bench step", description=plain(__doc__))
-    p.add_argument("--width", type=int, default=256)
-    p.add_argument("--depth", type=int, default=4)
-    p.add_argument("--batch", type=int, default=512)
+    add_shape(p, width=256, batch=512)
     p.add_argument("--steps", type=int, default=20, help="steps per timed call")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--recipes", nargs="+", default=["paper_e4m3", "mxfp8_e4m3"], metavar="NAME",

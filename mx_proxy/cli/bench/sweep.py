@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from mx_proxy.cli.bench.options import add_shape
 from mx_proxy.runner import loop as runner
 from mx_proxy.training.config import Config
 from mx_proxy.viz.text import plain
@@ -23,9 +24,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="mx-proxy bench sweep", description=plain(__doc__.splitlines()[0]))
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--members", type=int, default=8)
-    p.add_argument("--width", type=int, default=128)
-    p.add_argument("--depth", type=int, default=4)
-    p.add_argument("--batch", type=int, default=256)
+    add_shape(p, width=128, batch=256)
     p.add_argument("--recipe", default="mxfp8_e4m3")
     p.add_argument("--diagnostics-every", type=int, default=10)
     args = p.parse_args(argv)
