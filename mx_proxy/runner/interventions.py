@@ -98,12 +98,7 @@ def with_checkpoint(run: Run | str | Path, step: int, *, paired_run: bool | None
     if step in available:
         return parent
     start = max((t for t in available if t < step), default=0)
-    keep_pair = pc.has_paired_run if paired_run is None else bool(paired_run)
-    if pc.has_paired_run and not keep_pair and (pc.controller is not None or pc.gradient_reference == "paired_run"):
-        raise ValueError(f"paired_run=False: the run's {'controller' if pc.controller is not None else 'diagnostics'} "
-                         f"reads its paired FP32 run; replay it with paired_run=None")
-    if keep_pair and not pc.has_paired_run:
-        raise ValueError("paired_run=True: the run had no paired FP32 run to replay")
+    keep_pair = _replay_keeps_pair(pc, paired_run)
     cfg = pc.replace(steps=step, checkpoint_every=0, checkpoint_at=(step,), paired_run=pc.paired_run and keep_pair)
     fresh, teacher = runner.init_state(cfg)
     state = fresh
@@ -120,11 +115,7 @@ def with_checkpoint(run: Run | str | Path, step: int, *, paired_run: bool | None
     if step not in replay.checkpoints:
         raise ValueError(f"the replay of {parent.info.get('label', pc.recipe.name)} from step {start} diverged at "
                          f"step {replay.diverged_at}, before step {step}; the run itself did not")
-    own = parent.metrics[(parent.metrics["step"] >= start) & (parent.metrics["step"] < step)]
-    both = replay.metrics[["step", "loss"]].merge(own[["step", "loss"]], on="step", how="left", suffixes=("", "_own"))
-    a, b = both["loss"].to_numpy(dtype=float), both["loss_own"].to_numpy(dtype=float)  # NaN: a step the run lacks
-    same = (a == b) | (np.isnan(a) & np.isnan(b) & both["step"].isin(own["step"]).to_numpy())
-    first = None if same.all() else int(both["step"].to_numpy()[~same][0])
+    first = _first_difference(parent.metrics, replay.metrics, start, step)
     metrics = parent.metrics if first is None else pd.concat(
         [parent.metrics[parent.metrics["step"] < start], replay.metrics], ignore_index=True)
     info = dict(parent.info, replay={"from_step": start, "paired_run": keep_pair, "identical": first is None,
@@ -288,6 +279,28 @@ def intervene(run: Run | str | Path, at_step: int, recipe: str | _recipes.Recipe
         interruption.finish(out)
         _progress.report(bar, f"{new_recipe.name} from step {at_step}", [out], progress=progress, start=at_step)
     return out
+
+
+def _replay_keeps_pair(pc: Config, paired_run: bool | None) -> bool:
+    """Whether :func:`with_checkpoint`'s replay trains the paired FP32 run (``paired_run``: None, as the run
+    trained); refuses dropping it where the run reads it and keeping one the run did not have."""
+    keep_pair = pc.has_paired_run if paired_run is None else bool(paired_run)
+    if pc.has_paired_run and not keep_pair and (pc.controller is not None or pc.gradient_reference == "paired_run"):
+        raise ValueError(f"paired_run=False: the run's {'controller' if pc.controller is not None else 'diagnostics'} "
+                         f"reads its paired FP32 run; replay it with paired_run=None")
+    if keep_pair and not pc.has_paired_run:
+        raise ValueError("paired_run=True: the run had no paired FP32 run to replay")
+    return keep_pair
+
+
+def _first_difference(own_metrics: pd.DataFrame, replay_metrics: pd.DataFrame, start: int, step: int) -> int | None:
+    """The first step in ``start`` … ``step``−1 whose replayed loss differs from the run's own, bit for bit
+    (NaN equal to NaN; a step the run lacks differs), or None."""
+    own = own_metrics[(own_metrics["step"] >= start) & (own_metrics["step"] < step)]
+    both = replay_metrics[["step", "loss"]].merge(own[["step", "loss"]], on="step", how="left", suffixes=("", "_own"))
+    a, b = both["loss"].to_numpy(dtype=float), both["loss_own"].to_numpy(dtype=float)  # NaN: a step the run lacks
+    same = (a == b) | (np.isnan(a) & np.isnan(b) & both["step"].isin(own["step"]).to_numpy())
+    return None if same.all() else int(both["step"].to_numpy()[~same][0])
 
 
 def _check_arguments(at_step, recipe, apply, force, progress, changes) -> list[str]:
