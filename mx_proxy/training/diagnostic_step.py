@@ -59,7 +59,7 @@ class DiagnosticStep:
             _, ref_grads, _ = p.loss_grad(p.reference, params, x, y)
         zeta, cos = diagnostics.gradient_error(grads, ref_grads)
         per = {k: diagnostics.gradient_error(grads[k], ref_grads[k]) for k in grads}
-        order = sorted((k for k in grads if k.startswith("block_")), key=lambda k: int(k.split("_")[-1]))
+        order = diagnostics.block_keys(grads)
         out |= {
             "zeta_bound": zeta,
             "cosine": cos,

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from mx_proxy.numerics.quantize import MXSpec, quantize, quantize_stats
 
-__all__ = ["sq_norm", "global_norm", "gradient_error", "paper_zeta", "per_block", "ln_statistics",
+__all__ = ["sq_norm", "global_norm", "gradient_error", "paper_zeta", "block_keys", "per_block", "ln_statistics",
            "weight_clamp", "activation_clamp", "weight_transpose_mismatch", "is_spike"]
 
 
@@ -61,11 +61,15 @@ def paper_zeta(g_low, g_ref) -> tuple[jax.Array, jax.Array]:
     return sq_norm(diff) / sq_norm(g_ref), cosine
 
 
+def block_keys(tree) -> list[str]:
+    """The ``block_i`` keys of a student's pytree, sorted by index (other top-level entries, such as the
+    nGPT student's ``head``, are not blocks)."""
+    return sorted((k for k in tree if k.startswith("block_")), key=lambda k: int(k.split("_")[-1]))
+
+
 def per_block(fn, *trees) -> jax.Array:
-    """Stack ``fn(*subtrees)`` over the student's blocks (sorted by index;
-    other top-level entries, such as the nGPT student's ``head``, are not blocks)."""
-    keys = sorted((k for k in trees[0] if k.startswith("block_")), key=lambda k: int(k.split("_")[-1]))
-    return jnp.stack([jnp.asarray(fn(*(t[k] for t in trees))) for k in keys])
+    """Stack ``fn(*subtrees)`` over the student's blocks (:func:`block_keys` of the first tree)."""
+    return jnp.stack([jnp.asarray(fn(*(t[k] for t in trees))) for k in block_keys(trees[0])])
 
 
 def _fraction(stats_list, field):

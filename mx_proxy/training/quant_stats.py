@@ -36,16 +36,13 @@ from mx_proxy.nn.rounding import vround
 from mx_proxy.numerics import operands
 from mx_proxy.numerics.operand_stats import STATS, operand_stats
 from mx_proxy.numerics.recipe import Recipe
+from mx_proxy.training.diagnostics import block_keys
 
 __all__ = ["LAYERS", "STATS", "operand_columns", "needs_output_grads", "output_perturbations", "metrics",
            "column_names"]
 
 LAYERS = ("fc1", "fc2")
 _REDUCE = {"scale_exp_min": jnp.nanmin, "scale_exp_max": jnp.nanmax}  # every other statistic: the mean over blocks
-
-
-def _blocks(tree) -> list[str]:
-    return sorted((k for k in tree if k.startswith("block_")), key=lambda k: int(k.split("_")[-1]))
 
 
 def _layer_recipe(recipe: Recipe, index: int, depth: int, layer: str) -> Recipe:
@@ -73,7 +70,7 @@ def output_perturbations(params, rows: int) -> dict:
     """Zero perturbations of every GEMM output of the student ``params``:
     ``{block_i: {"fc1_out": (rows, fc1 outputs), "fc2_out": (rows, fc2 outputs)}}`` float32."""
     return {b: {f"{layer}_out": jnp.zeros((rows, params[b][layer].shape[1]), jnp.float32) for layer in LAYERS}
-            for b in _blocks(params)}
+            for b in block_keys(params)}
 
 
 def _operand(recipe: Recipe, op: str, x, w, g):
@@ -98,7 +95,7 @@ def metrics(recipe: Recipe, columns, params, intermediates, output_grads=None) -
     Returns:
       ``{name: float32 array}``: (depth,) per-block arrays and scalars.
     """
-    blocks = _blocks(params)
+    blocks = block_keys(params)
     depth = len(blocks)
     nan = {s: jnp.float32(jnp.nan) for s in STATS}
     out = {}
