@@ -4,6 +4,8 @@
     python scripts/suite_time.py                 # clone HEAD of this checkout into a temporary folder
     python scripts/suite_time.py --keep DIR      # clone into DIR and keep it (its .venv too)
     python scripts/suite_time.py --reuse-venv    # skip the install: the clone uses this checkout's .venv
+    python scripts/suite_time.py --compile-log DIR   # and where the test processes' compilation time went
+    python scripts/suite_time.py --pytest-args "--junitxml=/tmp/j.xml --durations=0"   # appended to the command
 
 Prints one block: the commit, the CPU (model, cores, AVX2/AVX512-BF16/AMX), its measured float32 and bf16
 GEMM speed (2048×512 @ 512×2048, the width-512 batch-2048 step's shape, in GFLOP/s, measured after the
@@ -57,6 +59,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--keep", metavar="DIR", help="clone into DIR (must not exist) and keep it")
     p.add_argument("--reuse-venv", action="store_true", help="use this checkout's .venv instead of installing")
+    p.add_argument("--compile-log", metavar="DIR", help="record compile time per test and per program into DIR "
+                   "(tests/compile_log.py) and print the summary")
+    p.add_argument("--pytest-args", default="", help="extra arguments appended to the README's pytest command")
     args = p.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from mx_proxy.cli.bench.machine import describe
@@ -70,7 +75,9 @@ def main(argv=None) -> int:
     cache = tempfile.mkdtemp(prefix="suite-time-cache-")
     env = dict(os.environ, PROXY_COMPILE_CACHE=cache)
     env.pop("VIRTUAL_ENV", None)
-    command = readme_test_command(where / "README.md")
+    command = f"{readme_test_command(where / 'README.md')} {args.pytest_args}".strip()
+    if args.compile_log:
+        env["MX_PROXY_TEST_COMPILE_LOG"] = str(Path(args.compile_log).resolve())
     if args.reuse_venv:
         python = str(ROOT / ".venv" / "bin" / "python")
         command = command.split("&&")[-1].strip().replace("python ", f"{python} ", 1)
@@ -92,6 +99,11 @@ def main(argv=None) -> int:
           f"gemm 2048x512x2048: f32 {speed['f32']:.0f} GFLOP/s, bf16 {speed['bf16']:.0f} GFLOP/s\n"
           f"README test command ({what}): {wall / 60:.1f} min\n"
           f"pytest: {summary[-1].strip('= ') if summary else '(no summary line)'}")
+    if args.compile_log:
+        sys.path.insert(0, str(where / "tests"))
+        from compile_log import summary
+
+        print(summary(args.compile_log))
     if proc.returncode:
         print(proc.stdout[-4000:] + proc.stderr[-2000:], file=sys.stderr)
     if not args.keep:

@@ -108,8 +108,9 @@ def block_table(fmt: ElementFormat, scale_rule: str) -> np.ndarray:
     (0..255), and for a rule with a bump 256 more rows with e bumped by one.
     A block depends on its amax only through its row (:func:`_table_index`)."""
     scale_rules.get(scale_rule)
-    with jax.ensure_compile_time_eval():  # concrete even when first asked for inside a trace
-        cols = _block_table_columns(fmt, scale_rule)
+    # The compiled program, called: concrete even when first asked for inside a trace. (Calling the jitted
+    # function under ``ensure_compile_time_eval`` instead would evaluate it op by op, a dozen compilations.)
+    cols = _block_table_columns.lower(fmt, scale_rule).compile()()
     return np.stack([np.asarray(c).astype(np.int64) for c in cols], axis=-1)
 
 

@@ -1,0 +1,51 @@
+"""tests/compile_log.py: compile-time events added up per test and per program, written per worker, summed."""
+
+import jax
+import jax.numpy as jnp
+
+from compile_log import CompileLog, summary
+
+
+class _Item:
+    def __init__(self, nodeid):
+        self.nodeid = nodeid
+
+
+def test_events_add_up_per_test_and_program_and_the_summary_reads_every_worker(tmp_path, monkeypatch):
+    for worker, scale in (("gw0", 1.0), ("gw1", 2.0)):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        log = CompileLog(str(tmp_path))
+        log.pytest_runtest_setup(_Item("tests/a/test_x.py::test_one"))
+        log.record("/jax/core/compile/jaxpr_trace_duration", 0.5 * scale, fun_name="segment")
+        log.record("/jax/core/compile/backend_compile_duration", 3.0 * scale, fun_name="jit(segment)")
+        log.record("/jax/core/compile/jaxpr_to_mlir_module_duration", 0.25 * scale, fun_name="jit(segment)")
+        log.record("/jax/some/other_duration", 99.0, fun_name="jit(segment)")  # not a compile event: ignored
+        log.count("/jax/compilation_cache/cache_misses")
+        log.pytest_runtest_setup(_Item("tests/b/test_y.py::test_two[1]"))
+        log.record("/jax/core/compile/backend_compile_duration", 1.0 * scale, fun_name="jit(add)")
+        log.count("/jax/compilation_cache/cache_hits")
+        log.pytest_sessionfinish(None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gw0.json", "gw1.json"]  # no temporary file left
+    text = summary(tmp_path, top=5)
+    lines = text.splitlines()
+    assert lines[0] == ("compilation in the test processes (worker-seconds): trace 2, lower 1, backend 12; "
+                        "persistent cache: 2 hits, 2 misses")
+    programs = lines[2:4]
+    assert programs[0].split() == ["9.0", "s", "backend,", "1.5", "s", "trace,", "0.8", "s", "lower", "in", "2",
+                                   "compilations", "segment"]
+    assert programs[1].endswith("in 2 compilations  add")
+    assert lines[5].endswith("tests/a/test_x.py") and lines[6].endswith("tests/b/test_y.py")
+
+
+def test_a_real_compilation_is_recorded(tmp_path):
+    log = CompileLog(str(tmp_path))
+    jax.monitoring.register_event_duration_secs_listener(log.record)
+    try:
+        log.pytest_runtest_setup(_Item("here"))
+        unique = float(int.from_bytes(str(tmp_path).encode()[-6:], "little") % 9973)  # never a cache hit
+        jax.jit(lambda x: jnp.sin(x) * 3.0 + unique)(jnp.arange(7.0)).block_until_ready()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(log.record)
+    (name,) = [n for n in log.per_program if n == "<lambda>"]
+    assert log.per_program[name]["compilations"] == 1 and log.per_program[name]["backend"] > 0
+    assert log.per_test["here"]["trace"] > 0 and log.per_test["here"]["lower"] > 0
