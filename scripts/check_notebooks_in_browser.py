@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import base64
 import difflib
+import importlib.util
 import json
 import os
 import shutil
@@ -195,6 +196,15 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.panel_picture and not (args.run and (not args.only or any("10".startswith(o) for o in args.only))):
         p.error("--panel-picture needs --run of notebook 10")
+    missing = [m for m in ("jupyterlab", "ipykernel", "ipywidgets") if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"{', '.join(missing)} not installed in {sys.executable}; install the notebooks extra: "
+              "pip install -e '.[notebooks]'", file=sys.stderr)
+        return 2
+    if shutil.which(args.chromium) is None:
+        print(f"--chromium {args.chromium!r}: not found; install Debian's chromium (apt-get install chromium) or "
+              "name the browser", file=sys.stderr)
+        return 2
     paths = selected(args.only or (RUN_BY_DEFAULT if args.run else ()))
     if not paths:
         print(f"no notebook matches {args.only}", file=sys.stderr)
