@@ -101,9 +101,9 @@ def main(argv=None) -> int:
           f"pytest: {summary[-1].strip('= ') if summary else '(no summary line)'}")
     if args.compile_log:
         sys.path.insert(0, str(where / "tests"))
-        from compile_log import summary
+        from compile_log import summary as compile_summary
 
-        print(summary(args.compile_log))
+        print(compile_summary(args.compile_log))
     if proc.returncode:
         print(proc.stdout[-4000:] + proc.stderr[-2000:], file=sys.stderr)
     if not args.keep:

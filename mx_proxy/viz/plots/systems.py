@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 from matplotlib import ticker
 
 from mx_proxy.experiments import systems as _systems
@@ -45,10 +46,8 @@ def systems(runs_or_table, *, stress_label: str | None = None, title: str | None
     ``runs_or_table``: the mapping of :func:`mx_proxy.experiments.systems.runs` or the frame
     of :func:`mx_proxy.experiments.systems.table`; ``stress_label`` names the stress setting
     in the right panel's title."""
-    import pandas as pd
-
     df = runs_or_table if isinstance(runs_or_table, pd.DataFrame) else _systems.table(runs_or_table)
-    order = [s for s in _systems.SYSTEMS if s in set(df["system"])]
+    order = [s for s in SYSTEMS if s in set(df["system"])]
     ypos = {s: i for i, s in enumerate(order)}
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(14, 1.2 + 0.42 * max(len(order), 4)), sharey=True)
 
@@ -69,18 +68,16 @@ def _base_notes(s: str, row) -> list[str]:
     """The text beside a system's base-setting bar: its ratio (or where it diverged), nGPT's ratio to
     the resmlp FP32 run, and the share of GEMM work in low precision where it is below 100 % or a
     controller ran."""
-    import pandas as pd
-
     v = row["vs_own_fp32"]
     notes = []
     if np.isfinite(v):
         notes.append(f"×{v:.3f}")
     elif pd.notna(row["diverged_at"]):
         notes.append(f"diverged @ {int(row['diverged_at'])}")
-    if _systems.SYSTEMS[s].get("arch") == "ngpt" and np.isfinite(row["vs_fp32"]):
+    if SYSTEMS[s].get("arch") == "ngpt" and np.isfinite(row["vs_fp32"]):
         notes.append(f"(×{row['vs_fp32']:.2g} of resmlp FP32)")
     lp = row["low_precision_frac"]
-    is_ctrl = _systems.SYSTEMS[s].get("controller") is not None
+    is_ctrl = SYSTEMS[s].get("controller") is not None
     if is_ctrl or 0 < lp < 1 or (lp == 0 and s != "fp32" and "fp32" not in s):
         notes.append(f"LP GEMMs {100 * lp:.1f}%" + (f", {int(row['promotions'])} promotions" if is_ctrl else ""))
     return notes
@@ -121,8 +118,6 @@ def _base_panel(a1, df, order, ypos) -> None:
 
 def _stress_panel(a2, df, order, ypos, stress_label) -> None:
     """Right panel: per system and seed, the step each stress-setting run diverged or blew up."""
-    import pandas as pd
-
     stress = df[df["setting"] == "stress"]
     if len(stress):
         seeds = sorted(stress["seed"].unique())
