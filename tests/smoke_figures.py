@@ -5,8 +5,9 @@ most of its time compiling their programs), and the notebooks at the smoke scale
 suite runs the command once: :func:`make` runs it under a file lock in a folder that every pytest-xdist worker of
 the session shares (the first worker to ask runs it, the other waits and reads the outcome), and records what it
 did (exit status, stdout, stderr) beside its figures and run store. ``tests/viz/test_figures.py`` checks that outcome
-as the command's first call, and every notebook test starts from a copy of its store, so a notebook trains only the
-runs the command does not (docs/benchmarks.md, "The test suite"). :func:`order` runs the command's own test first
+as the command's first call; every notebook test starts from a copy of its store, so a notebook trains only the
+runs the command does not, and the systems table of ``tests/experiments/test_systems.py`` reads its smoke runs
+from one (docs/benchmarks.md, "The test suite"). :func:`order` runs the command's own test first
 and the tests that copy its store last, so that with two workers neither waits for it.
 """
 
@@ -22,8 +23,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
-FIXTURE = "smoke_figures"   # the command's outcome (its own test reads it)
-COPY = "smoke_store"        # a private copy of its run store (the notebook tests)
+FIXTURE = "smoke_figures"   # the command's outcome
+OWN_TEST = "test_figures_command_writes_every_png_at_smoke_and_reuses_runs"  # checks that outcome
 
 
 @dataclass(frozen=True)
@@ -80,9 +81,10 @@ def copy_store(smoke: SmokeFigures, to: Path) -> Path:
 
 
 def order(items) -> None:
-    """In place: the tests that use the command's outcome first, those that copy its store last (stable)."""
+    """In place: the command's own test first, the other tests that use its outcome (its store) last (stable)."""
     def rank(item):
-        names = getattr(item, "fixturenames", ())
-        return 0 if FIXTURE in names and COPY not in names else 2 if COPY in names else 1
+        if FIXTURE not in getattr(item, "fixturenames", ()):
+            return 1
+        return 0 if getattr(item, "originalname", item.name) == OWN_TEST else 2
 
     items.sort(key=rank)
