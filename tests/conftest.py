@@ -61,29 +61,6 @@ def trained():
     runner.hooks.remove(log.append)
 
 
-@pytest.fixture(scope="session")
-def smoke_figures(tmp_path_factory):
-    """``mx-proxy figures --scale smoke``, run once per session for every worker (tests/smoke_figures.py)."""
-    import smoke_figures as sf
-
-    return sf.make(sf.shared_folder(tmp_path_factory))
-
-
-@pytest.fixture
-def smoke_store(smoke_figures, tmp_path):
-    """A private copy of the run store of :func:`smoke_figures` (every experiment's smoke runs), in ``tmp_path``."""
-    import smoke_figures as sf
-
-    return sf.copy_store(smoke_figures, tmp_path / "runs")
-
-
-def pytest_collection_modifyitems(config, items):
-    """The smoke figures' own test first, the tests that copy their store last (tests/smoke_figures.py)."""
-    import smoke_figures
-
-    smoke_figures.order(items)
-
-
 def dead_pid() -> int:
     """The id of a process that has exited: how a test plays a killed trainer."""
     return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,

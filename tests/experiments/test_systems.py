@@ -7,7 +7,6 @@ import dataclasses
 import numpy as np
 import pandas as pd
 import pytest
-from smoke_figures import copy_store
 
 import mx_proxy as mxp
 from mx_proxy.experiments import scales, systems
@@ -208,11 +207,8 @@ def test_figure_from_a_table_or_runs():
 
 
 @pytest.fixture(scope="module")
-def smoke_runs(smoke_figures, tmp_path_factory):
-    """The systems' smoke runs, read from a copy of the store the session's smoke figures filled (they train
-    there: tests/smoke_figures.py); any run missing there trains here."""
-    store = copy_store(smoke_figures, tmp_path_factory.mktemp("systems") / "runs")
-    return systems.runs("smoke", store=store, systems=["fp32", "mxfp4", "mxfp4_2d", "gnmr + mxfp4"], progress=False)
+def smoke_runs():
+    return systems.runs("smoke", systems=["fp32", "mxfp4", "mxfp4_2d", "gnmr + mxfp4"], progress=False)
 
 
 @pytest.mark.slow

@@ -1,7 +1,5 @@
 """Every notebook runs top to bottom at the smoke scale in a real Jupyter kernel, with the kernel's own
-(inline) matplotlib backend, and shows its figures as ``image/png`` outputs (each starting from a copy of the run
-store that the session's smoke figures command filled, tests/smoke_figures.py: it trains only the runs that
-command does not, and loads the others as a reader's second run of it would); notebook 10's results follow
+(inline) matplotlib backend, and shows its figures as ``image/png`` outputs; notebook 10's results follow
 its panel's Train button; every committed notebook is saved as JupyterLab saves it (so that opening and
 saving one leaves it unchanged), and notebook 10 carries its panel's widget state."""
 
@@ -73,13 +71,13 @@ def _images(cell) -> int:
     return sum("image/png" in o.get("data", {}) for o in cell.get("outputs", []))
 
 
-def _smoke_client(path, tmp_path, monkeypatch, store):
-    """(notebook, client): ``path`` with its parameters set to the smoke scale and the run store ``store`` (a
-    private copy of the smoke figures' store: tests/smoke_figures.py), and an nbclient client for it."""
+def _smoke_client(path, tmp_path, monkeypatch):
+    """(notebook, client): ``path`` with its parameters set to the smoke scale and a tmp store, and an
+    nbclient client for it."""
     # the kernels inherit the suite's compilation cache ($PROXY_COMPILE_CACHE, else the user's): the notebooks
     # compile many of the programs that the figures command and the other notebooks compile, on either worker
     monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel must pick its own inline backend
-    nb = inject_parameters(nbformat.read(path, as_version=4), SCALE="smoke", STORE=str(store),
+    nb = inject_parameters(nbformat.read(path, as_version=4), SCALE="smoke", STORE=str(tmp_path / "runs"),
                            RESULTS=str(path.parent.parent / "results"))
     return nb, NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
 
@@ -99,8 +97,8 @@ EXPLORE = NOTEBOOKS[0].parent / "10_explore.ipynb"
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p != EXPLORE], ids=lambda p: p.stem)
-def test_notebook_runs_at_smoke_scale_and_shows_its_figures(path, tmp_path, monkeypatch, smoke_store):
-    nb, client = _smoke_client(path, tmp_path, monkeypatch, smoke_store)
+def test_notebook_runs_at_smoke_scale_and_shows_its_figures(path, tmp_path, monkeypatch):
+    nb, client = _smoke_client(path, tmp_path, monkeypatch)
     client.execute()
     _assert_ran_and_shows_its_figures(nb)
 
@@ -116,10 +114,10 @@ def _output(cell, mime: str) -> str:
 
 
 @pytest.mark.slow
-def test_notebook_10_runs_and_its_results_follow_the_train_button(tmp_path, monkeypatch, smoke_store):
+def test_notebook_10_runs_and_its_results_follow_the_train_button(tmp_path, monkeypatch):
     """Notebook 10 top to bottom at the smoke scale (as the other notebooks), then, in the same kernel, Train
     pressed with another seed and step count and the results cell rerun: it shows the new runs (panel.runs)."""
-    nb, client = _smoke_client(EXPLORE, tmp_path, monkeypatch, smoke_store)
+    nb, client = _smoke_client(EXPLORE, tmp_path, monkeypatch)
     results = _results_cell(nb)
     with client.setup_kernel():
         for i, cell in enumerate(nb.cells):

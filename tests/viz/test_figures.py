@@ -1,15 +1,15 @@
 """``mx-proxy figures``: every figure of the registry is written at the smoke
-scale by the real command (every experiment of ``mx_proxy.experiments.paper`` trains; that first call is the
-session's, tests/smoke_figures.py, whose store the notebook tests start from), and
+scale by the real command (every experiment of ``mx_proxy.experiments.paper`` trains), and
 a second call loads the stored runs instead of training; plus the run
 analysis of ``mx_proxy.experiments.paper`` on hand-made metrics."""
 
+import os
 import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
 import pytest
-from smoke_figures import command, environment
 
 from mx_proxy import Config
 from mx_proxy.experiments import analysis, paper, systems
@@ -21,9 +21,10 @@ PAPER_FIGURES = {"lr_sweep": 2, "ablations": 3, "gradient_bias": 4, "sawtooth": 
                  "interventions": 7, "spikes_vs_shape": 9, "sgd_momentum": 10, "init_ablation": 11}
 
 
-def _figures(out, store, *extra):
-    return subprocess.run(command(out, store, *extra), env=environment(),
-                          capture_output=True, text=True, timeout=1800)
+def _figures(out, env, store, *extra):
+    return subprocess.run([sys.executable, "-m", "mx_proxy.cli", "figures", "--scale", "smoke", "--out", str(out),
+                           "--store", str(store), "--results", str(out / "no-results"), *extra],
+                          env=env, capture_output=True, text=True, timeout=1800)
 
 
 def test_every_paper_proxy_figure_has_an_entry():
@@ -53,10 +54,11 @@ def test_systems_figure_has_an_entry_and_draws_a_table():
 
 
 @pytest.mark.slow
-def test_figures_command_writes_every_png_at_smoke_and_reuses_runs(smoke_figures, smoke_store, tmp_path):
-    """The command's first call is the session's (tests/smoke_figures.py: the notebook tests start from its store);
-    the later calls run here, on a private copy of its store."""
-    first, out, store = smoke_figures, smoke_figures.out, smoke_store
+def test_figures_command_writes_every_png_at_smoke_and_reuses_runs(tmp_path):
+    store = tmp_path / "runs"
+    env = dict(os.environ, MPLBACKEND="Agg")  # the suite's compilation cache, shared with the notebooks' kernels
+    out = tmp_path / "figs"
+    first = _figures(out, env, store)
     assert first.returncode == 0, first.stderr[-4000:]
     trained = [name for name in FIGURES if name not in HEADLINE]  # no campaign results here: headline figures skip
     assert sorted(p.name for p in out.iterdir()) == sorted(f"{name}.png" for name in trained)
@@ -64,10 +66,9 @@ def test_figures_command_writes_every_png_at_smoke_and_reuses_runs(smoke_figures
     for name in trained:
         assert (out / f"{name}.png").stat().st_size > 10_000, name
     keys = sorted(p.name for p in store.iterdir() if not p.name.startswith("."))
-    assert keys == sorted(p.name for p in first.store.iterdir() if not p.name.startswith("."))
     assert len(keys) >= 20  # every experiment stored its runs
 
-    again = _figures(tmp_path / "again", store, "--only", "lr_sweep", "interventions", "--pdf")
+    again = _figures(tmp_path / "again", env, store, "--only", "lr_sweep", "interventions", "--pdf")
     assert again.returncode == 0, again.stderr[-4000:]
     assert "to train)" not in again.stderr  # nothing retrained: every run came from the store
     assert sorted(p.name for p in store.iterdir() if not p.name.startswith(".")) == keys
@@ -80,7 +81,7 @@ def test_figures_command_writes_every_png_at_smoke_and_reuses_runs(smoke_figures
         assert systems.config(system, smoke).hash() in keys, system
         for seed in smoke.stress_seeds:
             assert systems.config(system, smoke, "stress").replace(seed=seed).hash() in keys, system
-    third = _figures(tmp_path / "systems", store, "--only", "systems")
+    third = _figures(tmp_path / "systems", env, store, "--only", "systems")
     assert third.returncode == 0, third.stderr[-4000:]
     assert "to train)" not in third.stderr
     assert (tmp_path / "systems" / "systems.png").stat().st_size > 10_000
