@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     p.add_argument("--keep", metavar="DIR", help="clone into DIR (must not exist) and keep it")
     p.add_argument("--reuse-venv", action="store_true", help="use this checkout's .venv instead of installing")
     p.add_argument("--compile-log", metavar="DIR", help="record compile time per test and per program into DIR "
-                   "(tests/compile_log.py) and print the summary")
+                   "(new or empty; tests/compile_log.py) and print the summary")
     p.add_argument("--pytest-args", default="", help="extra arguments appended to the README's pytest command")
     args = p.parse_args(argv)
     sys.path.insert(0, str(ROOT))
@@ -69,6 +69,9 @@ def main(argv=None) -> int:
     where = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="suite-time-")) / "clone"
     if where.exists():
         p.error(f"--keep {where}: the folder exists; name a new one")
+    if args.compile_log and Path(args.compile_log).is_dir() and any(Path(args.compile_log).glob("*.json")):
+        p.error(f"--compile-log {args.compile_log}: the folder holds logs of an earlier run (its summary would add "
+                f"them up with this one's); name a new or empty folder")
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, check=True).stdout.strip()
     subprocess.run(["git", "clone", "-q", str(ROOT), str(where)], check=True)

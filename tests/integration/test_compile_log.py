@@ -1,4 +1,9 @@
-"""tests/compile_log.py: compile-time events added up per test and per program, written per worker, summed."""
+"""tests/compile_log.py: compile-time events added up per test and per program, written per worker, summed;
+scripts/suite_time.py refuses a log folder that an earlier run filled."""
+
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -49,3 +54,14 @@ def test_a_real_compilation_is_recorded(tmp_path):
     (name,) = [n for n in log.per_program if n == "<lambda>"]
     assert log.per_program[name]["compilations"] == 1 and log.per_program[name]["backend"] > 0
     assert log.per_test["here"]["trace"] > 0 and log.per_test["here"]["lower"] > 0
+
+
+def test_suite_time_refuses_a_log_folder_of_an_earlier_run_before_cloning(tmp_path):
+    """scripts/suite_time.py would add an earlier run's logs to this one's summary: it exits 2 naming the folder."""
+    (tmp_path / "gw0.json").write_text("{}")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(root / "scripts" / "suite_time.py"), "--compile-log", str(tmp_path),
+                           "--keep", str(tmp_path / "clone")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert f"--compile-log {tmp_path}" in done.stderr and "earlier run" in done.stderr
+    assert not (tmp_path / "clone").exists()
