@@ -69,7 +69,8 @@ def main(argv=None) -> int:
     where = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="suite-time-")) / "clone"
     if where.exists():
         p.error(f"--keep {where}: the folder exists; name a new one")
-    if args.compile_log and Path(args.compile_log).is_dir() and any(Path(args.compile_log).glob("*.json")):
+    log_dir = Path(args.compile_log).resolve() if args.compile_log else None
+    if log_dir is not None and any(log_dir.glob("*.json")):
         p.error(f"--compile-log {args.compile_log}: the folder holds logs of an earlier run (its summary would add "
                 f"them up with this one's); name a new or empty folder")
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -79,8 +80,8 @@ def main(argv=None) -> int:
     env = dict(os.environ, PROXY_COMPILE_CACHE=cache)
     env.pop("VIRTUAL_ENV", None)
     command = f"{readme_test_command(where / 'README.md')} {args.pytest_args}".strip()
-    if args.compile_log:
-        env["MX_PROXY_TEST_COMPILE_LOG"] = str(Path(args.compile_log).resolve())
+    if log_dir is not None:
+        env["MX_PROXY_TEST_COMPILE_LOG"] = str(log_dir)
     if args.reuse_venv:
         python = str(ROOT / ".venv" / "bin" / "python")
         command = command.split("&&")[-1].strip().replace("python ", f"{python} ", 1)
@@ -102,11 +103,11 @@ def main(argv=None) -> int:
           f"gemm 2048x512x2048: f32 {speed['f32']:.0f} GFLOP/s, bf16 {speed['bf16']:.0f} GFLOP/s\n"
           f"README test command ({what}): {wall / 60:.1f} min\n"
           f"pytest: {summary[-1].strip('= ') if summary else '(no summary line)'}")
-    if args.compile_log:
+    if log_dir is not None:
         sys.path.insert(0, str(where / "tests"))
         from compile_log import summary as compile_summary
 
-        print(compile_summary(args.compile_log))
+        print(compile_summary(log_dir))
     if proc.returncode:
         print(proc.stdout[-4000:] + proc.stderr[-2000:], file=sys.stderr)
     if not args.keep:
