@@ -3,8 +3,12 @@
 The paper's own setting (width 512, 9000 steps) costs hours per run on a
 CPU. This search walks the paper's Fig. 2 family — depth 4–8, width 128–384,
 batch 2048, Adam with a constant LR 6e-4…3e-3, 7000 steps — from the
-cheapest setting up, and asks of each: do ``paper_e4m3`` or ``mxfp8_e4m3``
-blow up in at least 30 % of at least 8 seeds while FP32 blows up in none?
+cheapest shape up (a step costs ∝ width² · depth; the LR costs nothing), each
+shape's LRs from the largest down, and asks of each: do ``paper_e4m3`` or
+``mxfp8_e4m3`` blow up in at least 30 % of at least 8 seeds while FP32 blows
+up in none? Largest LR first because blow-ups grow with the LR: the first LR
+of a shape at which FP32 stays stable is the likeliest to qualify, so the
+search reaches it without first training the shape's stablest settings.
 Each setting is a ``seed`` ensemble (:mod:`mx_proxy.experiments.ensemble`;
 arms ``fp32``, ``paper_e4m3``, ``mxfp8_e4m3``, member i at seed i + 1 in
 every arm) trained in two stages:
@@ -59,8 +63,8 @@ def _label(width: int, depth: int, lr: float) -> str:
 
 SETTINGS: tuple[tuple[int, int, float], ...] = tuple(sorted(
     itertools.product((128, 256, 384), (4, 8), (6e-4, 1e-3, 2e-3, 3e-3)),
-    key=lambda s: (s[0] * s[0] * s[1], s[0], s[1], s[2])))
-"""(width, depth, LR) of the Fig. 2 family, cheapest first (cost ∝ width² · depth)."""
+    key=lambda s: (s[0] * s[0] * s[1], s[0], s[1], -s[2])))
+"""(width, depth, LR) of the Fig. 2 family, cheapest shape first (cost ∝ width² · depth), its largest LR first."""
 
 
 def base_config(width: int, depth: int, lr: float, steps: int = STEPS, batch: int = 2048, **changes) -> Config:

@@ -5,10 +5,12 @@ import pandas as pd
 from mx_proxy.experiments import unstable_search as U
 
 
-def test_settings_cover_the_fig2_family_cheapest_first():
-    assert len(U.SETTINGS) == 3 * 2 * 4 and U.SETTINGS[0] == (128, 4, 6e-4)
+def test_settings_cover_the_fig2_family_cheapest_shape_first_largest_lr_first():
+    assert len(U.SETTINGS) == 3 * 2 * 4 and len(set(U.SETTINGS)) == len(U.SETTINGS)
+    assert U.SETTINGS[:4] == ((128, 4, 3e-3), (128, 4, 2e-3), (128, 4, 1e-3), (128, 4, 6e-4))
     costs = [w * w * d for w, d, _ in U.SETTINGS]
     assert costs == sorted(costs) and {lr for *_, lr in U.SETTINGS} == {6e-4, 1e-3, 2e-3, 3e-3}
+    assert {(w, d) for w, d, _ in U.SETTINGS} == {(w, d) for w in (128, 256, 384) for d in (4, 8)}
 
 
 def test_verdicts_follow_the_stated_rule():
