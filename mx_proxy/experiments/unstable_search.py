@@ -31,6 +31,10 @@ Usage::
     python -m mx_proxy.experiments.unstable_search --out ~/unstable-search [--hours 6] \\
         [--table results/unstable_search.csv]
     python -m mx_proxy.experiments.unstable_search --out ~/unstable-search --status
+
+``--status`` prints the table and, per setting started, where its ensemble
+stands (:func:`progress`: members exported, checkpointed, member-steps left
+and hours at the measured speed, counted to all 8 members per arm).
 """
 
 from __future__ import annotations
@@ -44,11 +48,11 @@ from pathlib import Path
 import pandas as pd
 
 from mx_proxy.experiments import ensemble as _ens
-from mx_proxy.experiments import ensemble_result, stats
+from mx_proxy.experiments import ensemble_result, ensemble_status, stats
 from mx_proxy.store import durable
 from mx_proxy.training.config import Config
 
-__all__ = ["SETTINGS", "spec_of", "base_config", "ARMS", "search", "table", "SCREEN", "MEMBERS", "RATE"]
+__all__ = ["SETTINGS", "spec_of", "base_config", "ARMS", "search", "table", "progress", "SCREEN", "MEMBERS", "RATE"]
 
 ARMS = ("fp32", "paper_e4m3", "mxfp8_e4m3")
 SCREEN, MEMBERS, RATE = 4, 8, 0.30
@@ -120,6 +124,19 @@ def table(out) -> pd.DataFrame:
         columns="_cost").reset_index(drop=True)
 
 
+def progress(out) -> pd.DataFrame:
+    """Where each started setting's ensemble in ``out`` stands, in search order: one row per arm
+    (:func:`mx_proxy.experiments.ensemble_status.status`) with its ``setting``. Reads only."""
+    out = Path(out).expanduser()
+    started = [(f, _ens.read_spec(f)) for f in sorted(out.glob("*")) if (f / "results" / _ens.SPEC_FILE).exists()]
+    started.sort(key=lambda fs: (fs[1].base.width ** 2 * fs[1].base.depth, fs[1].base.width, fs[1].base.depth,
+                                 -fs[1].base.lr))
+    if not started:
+        return pd.DataFrame(columns=["setting", "arm"])
+    df = pd.concat([ensemble_status.status(f).assign(setting=s.name) for f, s in started], ignore_index=True)
+    return df[["setting", *[c for c in df.columns if c != "setting"]]]
+
+
 def search(out, *, table_path=None, hours: float | None = None, settings=SETTINGS, progress: bool = True,
            log: Callable[[str], None] = print, **changes) -> pd.DataFrame:
     """Run the search (see the module docstring) in ``out`` until a setting
@@ -164,7 +181,14 @@ def main(argv=None) -> int:
     if args.hours is not None and not args.hours > 0:
         p.error(f"--hours must be > 0, got {args.hours}")
     if args.status:
-        print(table(args.out).to_string(index=False))
+        done = table(args.out)
+        print(done.to_string(index=False) if len(done) else "no setting has exported members of every arm yet")
+        now = progress(args.out)
+        if len(now):
+            with pd.option_context("display.width", 200, "display.max_columns", None,
+                                   "display.float_format", "{:.4g}".format):
+                print("\nsettings started (member-steps and hours counted to all members):")
+                print(now.to_string(index=False))
         return 0
     df = search(args.out, table_path=args.table, hours=args.hours)
     print(df.to_string(index=False))

@@ -31,3 +31,16 @@ def test_a_tiny_setting_is_screened_recorded_and_resumed(tmp_path):
     assert pd.read_csv(tmp_path / "t.csv")["verdict"].tolist() == df["verdict"].tolist()
     again = U.search(tmp_path / "s", **kw)  # everything stored: the same table, nothing trained
     pd.testing.assert_frame_equal(again, df)
+    now = U.progress(tmp_path / "s")  # the screen's members exported, the other four not started
+    assert list(now["setting"]) == ["w16-d2-lr0.003"] * 3 and list(now["arm"]) == list(U.ARMS)
+    assert (now["done"] == U.SCREEN).all() and (now["member_steps_done"] == U.SCREEN * 30).all()
+    assert (now["member_steps_left"] == (U.MEMBERS - U.SCREEN) * 30).all()
+
+
+def test_status_prints_the_table_and_each_started_settings_progress(tmp_path, capsys):
+    assert U.main(["--out", str(tmp_path / "none"), "--status"]) == 0
+    assert "no setting has exported members of every arm yet" in capsys.readouterr().out
+    U.search(tmp_path / "s", settings=[(16, 2, 3e-3)], steps=20, batch=32, progress=False, log=lambda _: None)
+    assert U.main(["--out", str(tmp_path / "s"), "--status"]) == 0
+    out = capsys.readouterr().out
+    assert "settings started" in out and out.count("w16-d2-lr0.003") == 2 * len(U.ARMS)  # table and progress rows
