@@ -129,7 +129,10 @@ def _report(args) -> int:
         if args.figures and not ensemble_report.is_ensemble(args.results):
             args.parser.error(f"--figures draws an ensemble's survival and blow-up-rate figures; {args.results!r} is "
                               f"not an ensemble's results folder (no ensemble.json)")
-        print(report.for_folder(args.results), end="")
+        if args.only and not ensemble_report.is_ensemble(args.results):
+            args.parser.error(f"--only selects sections of an ensemble's report; {args.results!r} is not an "
+                              f"ensemble's results folder (no ensemble.json)")
+        print(report.for_folder(args.results, parts=args.only), end="")
         if args.figures:
             write_figures(ensemble_result.load(args.results), args.figures, results_folder(args.results))
     except (ValueError, OSError) as err:
@@ -192,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("results", nargs="?", help="a results folder (OUT/results of a campaign or an ensemble, e.g. "
                                                 "results/paper)")
     rep.add_argument("--update", nargs="+", metavar="FILE", help="Markdown files whose report blocks to rewrite")
+    rep.add_argument("--only", nargs="+", metavar="PART", choices=ensemble_report.PARTS,
+                     help=f"an ensemble's results: print only these sections after its header (valid: "
+                          f"{', '.join(ensemble_report.PARTS)}); a block "
+                          f"`{report.BEGIN.format('FOLDER --only PART …')}` keeps the same sections")
     rep.add_argument("--figures", metavar="DIR", help="an ensemble's results: also draw its survival and blow-up-rate "
                                                        "figures (of the members exported so far) into DIR")
     rep.set_defaults(func=guard(_report), parser=rep)

@@ -16,7 +16,12 @@ from mx_proxy.experiments import ensemble_result, signals
 from mx_proxy.experiments.ensemble import HISTORY, HISTORY_FILE, TWIN
 from mx_proxy.experiments.ensemble_spec import results_folder
 
-__all__ = ["markdown", "for_folder", "is_ensemble"]
+__all__ = ["markdown", "for_folder", "is_ensemble", "check_parts", "PARTS"]
+
+PARTS = ("rates", "paired", "loss_gap", "signals")
+"""The report's sections, in order (``mx-proxy report FOLDER --only PART …``): P(blow-up) and survival per arm,
+the paired tests against the control, the loss gaps to FP32, the warning signals. The header (the ensemble and
+the blow-up rule) comes with any of them."""
 
 
 def is_ensemble(folder) -> bool:
@@ -63,19 +68,50 @@ def _header(result, source: str | None) -> list[str]:
             f"previous {HISTORY} steps; a member without one is censored at its last step.", ""]
 
 
-def markdown(result, source: str | None = None, history: pd.DataFrame | None = None) -> str:
-    """The report of an :class:`~mx_proxy.experiments.ensemble_result.EnsembleResult` (see the module docstring)."""
-    s = result.spec
+def check_parts(parts) -> tuple[str, ...]:
+    """``parts`` as a tuple, each one of :data:`PARTS`, else a ValueError naming the bad one and the choices."""
+    parts = (parts,) if isinstance(parts, str) else tuple(parts)
+    bad = [p for p in parts if p not in PARTS]
+    if bad or not parts:
+        what = f"unknown report part {bad[0]!r}" if bad else "no report part given"
+        raise ValueError(f"{what}; valid: {', '.join(PARTS)}")
+    return parts
+
+
+def markdown(result, source: str | None = None, history: pd.DataFrame | None = None, parts=PARTS) -> str:
+    """The report of an :class:`~mx_proxy.experiments.ensemble_result.EnsembleResult` (see the module docstring):
+    its header and the sections ``parts`` (:data:`PARTS`), in report order."""
+    parts = check_parts(parts)
     lines = _header(result, source)
-    lines += [f"| arm | blew up | P(blow-up), 95 % interval | survival at step +{s.horizon} (band) "
+    if "rates" in parts:
+        lines += _rates(result)
+    if "paired" in parts:
+        lines += _paired(result)
+    if "loss_gap" in parts:
+        lines += _loss_gap(result)
+    if "signals" in parts:
+        lines += _signals(result, history)
+    while lines and not lines[-1]:
+        lines.pop()
+    return "\n".join(lines) + "\n"
+
+
+def _rates(result) -> list[str]:
+    s = result.spec
+    lines = [f"| arm | blew up | P(blow-up), 95 % interval | survival at step +{s.horizon} (band) "
               f"| median steps to blow-up |", "|---|---|---|---|---|"]
     for r in result.rates().itertuples():
         med = "–" if pd.isna(r.median_time) else str(int(r.median_time))
         lines.append(f"| {_arm(result, r.arm)} | {r.blowups} / {r.members} | {_frac(r.p)} [{_frac(r.low)}, "
                      f"{_frac(r.high)}] | {_frac(r.survival)} [{_frac(r.s_low)}, {_frac(r.s_high)}] | {med} |")
+    return lines + [""]
+
+
+def _paired(result) -> list[str]:
+    lines = []
     tests = result.paired_tests()
     if len(tests):
-        lines += ["", f"Against `{result.control}`, member by member (same perturbation): McNemar's exact test on "
+        lines += [f"Against `{result.control}`, member by member (same perturbation): McNemar's exact test on "
                       f"blew up or not, and the log-rank test on the times to blow-up (+: `{result.control}` blows "
                       f"up sooner):", "",
                   "| arm | pairs | blew up: only control / only arm / both / neither | McNemar p | log-rank z | "
@@ -83,18 +119,31 @@ def markdown(result, source: str | None = None, history: pd.DataFrame | None = N
         for t in tests.itertuples():
             lines.append(f"| {_arm(result, t.arm)} | {t.pairs} | {t.only_control} / {t.only_arm} / {t.both} / "
                          f"{t.neither} | {_p(t.mcnemar_p)} | {_frac(t.logrank)} | {_p(t.logrank_p)} |")
+        lines.append("")
+    return lines
+
+
+def _loss_gap(result) -> list[str]:
+    lines = []
     gap = result.loss_gap()
     if len(gap):
         ref = result.reference_arm()
-        lines += ["", f"Loss against the `{ref}` member with the same perturbation, over the last "
+        lines += [f"Loss against the `{ref}` member with the same perturbation, over the last "
                       f"{ensemble_result.TAIL} steps, among the pairs where neither blew up (mean, 95 % bootstrap "
                       f"interval):", "", "| arm | stable pairs | loss vs FP32 |", "|---|---|---|"]
         for g in gap.itertuples():
             lines.append(f"| {_arm(result, g.arm)} | {g.stable_pairs} | {_pct(g.gap_pct)} "
                          f"[{_pct(g.low)}, {_pct(g.high)}] |")
+        lines.append("")
+    return lines
+
+
+def _signals(result, history) -> list[str]:
+    s = result.spec
+    lines = []
     sig = signals.score(result, history)
     if len(sig):
-        lines += ["", f"Which signal warns first (every {s.diagnostics} steps of every member before its blow-up, "
+        lines += [f"Which signal warns first (every {s.diagnostics} steps of every member before its blow-up, "
                       f"pooled; AUC of predicting a blow-up within the next 100 / 500 steps; warned: the signal "
                       f"was above its 95th percentile at quiet steps right before the blow-up; lead: median steps "
                       f"from where it last rose above it, within the 500 steps before, to the blow-up):", "",
@@ -104,14 +153,15 @@ def markdown(result, source: str | None = None, history: pd.DataFrame | None = N
             lead = "–" if not math.isfinite(g.lead) else f"{g.lead:.0f}"
             lines.append(f"| {g.label} | {_frac(g.auc_100)} | {_frac(g.auc_500)} | {g.warned} / {g.events} "
                          f"| {lead} |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
-def for_folder(folder) -> str:
-    """:func:`markdown` of the ensemble whose results are in ``folder``, naming it."""
+def for_folder(folder, parts=PARTS) -> str:
+    """:func:`markdown` of the ensemble whose results are in ``folder``, naming it (the sections ``parts``)."""
+    parts = check_parts(parts)
     result = ensemble_result.load(folder)
     root = results_folder(folder)
     hist = pd.read_parquet(root / HISTORY_FILE) if (root / HISTORY_FILE).exists() else None
     if not len(result.table):
         raise ValueError(f"ensemble {result.spec.name!r} in {folder} has no exported member yet")
-    return markdown(result, source=str(folder), history=hist)
+    return markdown(result, source=str(folder), history=hist, parts=parts)

@@ -25,7 +25,7 @@ from mx_proxy.experiments import analysis, campaign, ensemble_report
 from mx_proxy.store import durable
 from mx_proxy.training.result import Run
 
-__all__ = ["markdown", "for_folder", "blocks", "update", "BEGIN", "END"]
+__all__ = ["markdown", "for_folder", "for_block", "blocks", "update", "BEGIN", "END"]
 
 BEGIN = "<!-- mx-proxy report {} -->"
 END = "<!-- end of report -->"
@@ -205,22 +205,35 @@ def _replay_notes(children: list[Run]) -> list[str]:
 
 def _block_pattern() -> re.Pattern:
     head, tail = (re.escape(part) for part in BEGIN.split("{}"))
-    return re.compile(rf"^{head}(\S+){tail}\n(.*?)^{re.escape(END)}$", re.M | re.S)
+    return re.compile(rf"^{head}(\S+(?: --only(?: [a-z_]+)+)?){tail}\n(.*?)^{re.escape(END)}$", re.M | re.S)
 
 
 def blocks(text: str) -> list[tuple[str, str]]:
-    """The report blocks of a Markdown text: ``(results folder, body)`` for
-    each ``BEGIN`` line (naming the folder) and the next ``END`` line, each
-    marker a line of its own; the body is what lies between them."""
+    """The report blocks of a Markdown text: ``(arguments, body)`` for each
+    ``BEGIN`` line and the next ``END`` line, each marker a line of its own.
+    The arguments are those of ``mx-proxy report`` that print the block: a
+    results folder, for an ensemble's optionally ``--only PART …``
+    (:func:`for_block`); the body is what lies between the markers."""
     return [(m.group(1), m.group(2).strip("\n") + "\n") for m in _block_pattern().finditer(text)]
 
 
-def for_folder(results: str | os.PathLike) -> str:
+def for_block(arguments: str) -> str:
+    """The report a block's ``arguments`` (``FOLDER`` or ``FOLDER --only PART …``) name, as ``mx-proxy report``
+    with those arguments prints it."""
+    folder, *rest = arguments.split()
+    return for_folder(folder, parts=rest[1:] if rest else None)
+
+
+def for_folder(results: str | os.PathLike, parts=None) -> str:
     """:func:`markdown` of the results folder ``results``, naming it (an
-    ensemble's folder: :func:`mx_proxy.experiments.ensemble_report.for_folder`)."""
+    ensemble's folder: :func:`mx_proxy.experiments.ensemble_report.for_folder`,
+    its sections ``parts``, default all; a campaign's report has no parts)."""
     path = Path(results)
     if ensemble_report.is_ensemble(path):
-        return ensemble_report.for_folder(path)
+        return ensemble_report.for_folder(path, ensemble_report.PARTS if parts is None else parts)
+    if parts is not None:
+        raise ValueError(f"report parts ({', '.join(ensemble_report.PARTS)}) select sections of an ensemble's "
+                         f"report; {str(results)!r} is not an ensemble's results folder (no ensemble.json)")
     if not (path / "index.csv").exists() and not any(path.glob("*/run.json")):
         raise ValueError(f"no campaign results in {str(results)!r} (no */run.json); a campaign exports them to "
                          f"OUT/results")
@@ -233,7 +246,7 @@ def update(path: str | os.PathLike) -> bool:
     file changed."""
     path = durable.checked_path(path, "Markdown file", folder=False)
     old = path.read_text()
-    text = _block_pattern().sub(lambda m: f"{BEGIN.format(m.group(1))}\n{for_folder(m.group(1))}{END}", old)
+    text = _block_pattern().sub(lambda m: f"{BEGIN.format(m.group(1))}\n{for_block(m.group(1))}{END}", old)
     if text != old:
         durable.write_output(path, lambda p: p.write_text(text))
     return text != old

@@ -108,7 +108,7 @@ def test_readme_report_blocks_are_the_reports_of_the_committed_results(monkeypat
              for folder, body in report.blocks((ROOT / doc).read_text())]
     assert any(doc == "README.md" for doc, _, _ in found)
     for doc, folder, body in found:
-        assert body == report.for_folder(folder), f"{doc}: the block of {folder} is stale; run " \
+        assert body == report.for_block(folder), f"{doc}: the block of {folder} is stale; run " \
                                                   f"`mx-proxy report --update {doc}`"
 
 
@@ -205,3 +205,40 @@ def test_cli_report_draws_a_committed_ensembles_figures_and_refuses_a_campaigns(
         cli.main(["report", "results/medium", "--figures", str(tmp_path / "none")])
     assert err.value.code == 2 and not (tmp_path / "none").exists()
     assert "'results/medium' is not an ensemble's results folder" in capsys.readouterr().err
+
+
+def test_an_ensembles_report_prints_only_the_parts_asked_for_and_a_block_keeps_them(tmp_path, capsys, monkeypatch):
+    """`mx-proxy report ENSEMBLE --only PART …`: the header and those sections, in report order, each exactly as
+    in the whole report; a README block with the same arguments is rewritten to the same text; a campaign's
+    folder and an unknown part are refused with the choices named."""
+    from mx_proxy.experiments import ensemble_report
+
+    monkeypatch.chdir(ROOT)
+    folder = "results/ensembles/fig7-6000"
+    full = report.for_folder(folder)
+    chunks = full.rstrip("\n").split("\n\n")  # header (2 paragraphs), then each section: a caption and a table
+    header, sections = chunks[:2], chunks[2:]
+    assert len(sections) == 1 + 2 * (len(ensemble_report.PARTS) - 1)  # the rates table has no caption
+    by_part = dict(zip(ensemble_report.PARTS, [sections[0]] + ["\n\n".join(sections[i:i + 2])
+                                                               for i in range(1, len(sections), 2)], strict=True))
+    for parts in (["rates"], ["paired", "rates"], ["loss_gap"], ["signals", "paired"]):
+        assert cli.main(["report", folder, "--only", *parts]) == 0
+        printed = capsys.readouterr().out
+        want = [by_part[p] for p in ensemble_report.PARTS if p in parts]
+        assert printed == "\n\n".join(header + want) + "\n"
+        assert printed == report.for_block(f"{folder} --only {' '.join(parts)}")
+    doc = tmp_path / "doc.md"
+    marker = report.BEGIN.format(f"{folder} --only rates paired")
+    doc.write_text(f"{marker}\nold\n{report.END}\n")
+    assert report.update(doc)
+    assert doc.read_text() == f"{marker}\n{report.for_folder(folder, parts=['rates', 'paired'])}{report.END}\n"
+    assert report.blocks(doc.read_text())[0][0] == f"{folder} --only rates paired"
+    with pytest.raises(ValueError, match="unknown report part 'bogus'; valid: rates, paired, loss_gap, signals"):
+        ensemble_report.check_parts(["rates", "bogus"])
+    with pytest.raises(ValueError, match="'results/medium' is not an ensemble's results folder"):
+        report.for_folder("results/medium", parts=["rates"])
+    for bad in (["results/medium", "--only", "rates"], [folder, "--only", "bogus"]):
+        with pytest.raises(SystemExit) as err:
+            cli.main(["report", *bad])
+        assert err.value.code == 2
+    assert "invalid choice: 'bogus'" in capsys.readouterr().err
