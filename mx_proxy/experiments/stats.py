@@ -21,11 +21,21 @@ Times are in training steps; an event time ``t`` with ``event=False`` means
 from __future__ import annotations
 
 import warnings
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pandas as pd
-from scipy import stats as _st
+
+if TYPE_CHECKING:
+    from scipy.stats import CensoredData
+
+
+def _st():
+    """``scipy.stats``, imported on first use: it takes ~1 s, and the command line imports this module to build
+    its parser, before it knows whether any statistic is asked for."""
+    from scipy import stats
+
+    return stats
 
 __all__ = ["Rate", "rate", "survival", "mcnemar", "McNemar", "logrank", "LogRank", "bootstrap_mean", "Estimate",
            "auc"]
@@ -85,7 +95,7 @@ def rate(k: int, n: int, confidence: float = 0.95) -> Rate:
         raise TypeError(f"rate needs integer counts, got k={k!r}, n={n!r}")
     if not 0 <= k <= n or n < 1:
         raise ValueError(f"rate needs 0 <= k <= n and n >= 1, got k={k}, n={n}")
-    ci = _st.binomtest(int(k), int(n)).proportion_ci(confidence_level=_check_confidence(confidence), method="exact")
+    ci = _st().binomtest(int(k), int(n)).proportion_ci(confidence_level=_check_confidence(confidence), method="exact")
     return Rate(int(k), int(n), k / n, float(ci.low), float(ci.high))
 
 
@@ -100,8 +110,8 @@ def _times(times, events) -> tuple[np.ndarray, np.ndarray]:
     return t, e
 
 
-def _censored(t: np.ndarray, e: np.ndarray) -> _st.CensoredData:
-    return _st.CensoredData(uncensored=t[e], right=t[~e])
+def _censored(t: np.ndarray, e: np.ndarray) -> CensoredData:
+    return _st().CensoredData(uncensored=t[e], right=t[~e])
 
 
 def survival(times, events, confidence: float = 0.95) -> pd.DataFrame:
@@ -124,7 +134,7 @@ def survival(times, events, confidence: float = 0.95) -> pd.DataFrame:
     if not e.any():
         end = float(t.max())
         return pd.DataFrame({"t": [0.0, end] if end > 0 else [0.0], "survival": 1.0, "low": 1.0, "high": 1.0})
-    sf = _st.ecdf(_censored(t, e)).sf
+    sf = _st().ecdf(_censored(t, e)).sf
     with warnings.catch_warnings():  # undefined where S is 1 (no event yet) or 0 (the last member at risk had it)
         warnings.simplefilter("ignore", RuntimeWarning)
         band = sf.confidence_interval(confidence, method="log-log")
@@ -146,7 +156,7 @@ def mcnemar(a, b) -> McNemar:
         raise ValueError(f"mcnemar needs two paired 1-D outcome sequences of one non-zero length, got shapes "
                          f"{a.shape} and {b.shape}")
     only_a, only_b = int(np.sum(a & ~b)), int(np.sum(~a & b))
-    p = 1.0 if only_a + only_b == 0 else float(_st.binomtest(only_a, only_a + only_b, 0.5).pvalue)
+    p = 1.0 if only_a + only_b == 0 else float(_st().binomtest(only_a, only_a + only_b, 0.5).pvalue)
     return McNemar(only_a, only_b, int(np.sum(a & b)), int(np.sum(~a & ~b)), p)
 
 
@@ -156,7 +166,7 @@ def logrank(times_a, events_a, times_b, events_b) -> LogRank:
     tb, eb = _times(times_b, events_b)
     if not (ea.any() or eb.any()):
         return LogRank(float("nan"), float("nan"))
-    res = _st.logrank(_censored(ta, ea), _censored(tb, eb))
+    res = _st().logrank(_censored(ta, ea), _censored(tb, eb))
     return LogRank(float(res.statistic), float(res.pvalue))
 
 
@@ -172,11 +182,11 @@ def bootstrap_mean(x, confidence: float = 0.95, seed: int = 0, resamples: int = 
     mean = float(v.mean())
     if len(v) < 2 or np.all(v == v[0]):
         return Estimate(mean, mean if len(v) > 1 else float("nan"), mean if len(v) > 1 else float("nan"), len(v))
-    res = _st.bootstrap((v,), np.mean, confidence_level=_check_confidence(confidence), n_resamples=resamples,
+    res = _st().bootstrap((v,), np.mean, confidence_level=_check_confidence(confidence), n_resamples=resamples,
                         method="BCa", rng=np.random.default_rng(seed))
     low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
     if not (np.isfinite(low) and np.isfinite(high)):
-        res = _st.bootstrap((v,), np.mean, confidence_level=confidence, n_resamples=resamples, method="percentile",
+        res = _st().bootstrap((v,), np.mean, confidence_level=confidence, n_resamples=resamples, method="percentile",
                             rng=np.random.default_rng(seed))
         low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
     return Estimate(mean, low, high, len(v))
@@ -194,5 +204,5 @@ def auc(scores, labels) -> float:
     pos, neg = s[ok & y], s[ok & ~y]
     if not len(pos) or not len(neg):
         return float("nan")
-    u = _st.mannwhitneyu(pos, neg, alternative="two-sided", method="asymptotic").statistic
+    u = _st().mannwhitneyu(pos, neg, alternative="two-sided", method="asymptotic").statistic
     return float(u / (len(pos) * len(neg)))
