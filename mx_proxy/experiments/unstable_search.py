@@ -13,10 +13,11 @@ Each setting is a ``seed`` ensemble (:mod:`mx_proxy.experiments.ensemble`;
 arms ``fp32``, ``paper_e4m3``, ``mxfp8_e4m3``, member i at seed i + 1 in
 every arm) trained in two stages:
 
-1. *screen*: members 0–3 of every arm. FP32 blowing up in any is the
-   LR-driven instability both precisions share: the setting is out. No MX
-   blow-up in 4 is out too (a setting whose true rate is 30 % passes this
-   screen with probability 1 − 0.7⁴ ≈ 0.76: the table says so).
+1. *screen*: members 0–3 of every arm, FP32's first. FP32 blowing up in
+   any is the LR-driven instability both precisions share: the setting is
+   out, and its MX arms are not trained (their rows say so). No MX blow-up
+   in 4 is out too (a setting whose true rate is 30 % passes this screen
+   with probability 1 − 0.7⁴ ≈ 0.76: the table says so).
 2. *full*: members 4–7 (the same ensemble, extended), then the verdict
    with Clopper–Pearson intervals.
 
@@ -87,7 +88,9 @@ def _verdict(rows: dict, members: int) -> tuple[str, str]:
     fp32 = rows["fp32"][0]
     mx = max(rows[a][0] for a in ARMS if a != "fp32")
     if fp32:
-        return "screen" if members <= SCREEN else "full", f"out: FP32 blew up too ({fp32}/{rows['fp32'][1]}: LR-driven)"
+        skipped = "; MX arms not trained" if not min(rows[a][1] for a in ARMS if a != "fp32") else ""
+        return ("screen" if members <= SCREEN else "full",
+                f"out: FP32 blew up too ({fp32}/{rows['fp32'][1]}: LR-driven){skipped}")
     if members <= SCREEN:
         return "screen", ("passes the screen: extend to 8" if mx else
                           f"out: no MX blow-up in {SCREEN} (a 30 % rate passes with probability 0.76)")
@@ -105,12 +108,13 @@ def table(out) -> pd.DataFrame:
         t = res.table
         counts = {a: (int(t[t["arm"] == a]["event"].sum()), int((t["arm"] == a).sum())) for a in ARMS}
         done = min(n for _, n in counts.values())
-        if not done:
+        fp32_out = counts["fp32"][0] > 0 and counts["fp32"][1] >= SCREEN  # out before any MX arm trains
+        if not done and not fp32_out:
             continue
-        stage, verdict = _verdict(counts, done)
+        stage, verdict = _verdict(counts, done or counts["fp32"][1])
         for arm in ARMS:
             k, n = counts[arm]
-            r = stats.rate(k, n)
+            r = stats.rate(k, n) if n else stats.Rate(0, 0, float("nan"), float("nan"), float("nan"))
             first = t[(t["arm"] == arm) & t["event"]]["blowup_at"]
             rows.append({"setting": res.spec.name, "width": width, "depth": depth, "lr": lr,
                          "batch": res.spec.base.batch, "steps": res.spec.horizon, "arm": arm, "members": n,
@@ -120,8 +124,8 @@ def table(out) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=_COLUMNS)
     df["first_blowup_at"] = df["first_blowup_at"].astype("Int64")
     order = df["width"] ** 2 * df["depth"]
-    return df.assign(_cost=order).sort_values(["_cost", "width", "depth", "lr"], kind="stable").drop(
-        columns="_cost").reset_index(drop=True)
+    return df.assign(_cost=order, _lr=-df["lr"]).sort_values(["_cost", "width", "depth", "_lr"], kind="stable").drop(
+        columns=["_cost", "_lr"]).reset_index(drop=True)
 
 
 def progress(out) -> pd.DataFrame:
@@ -152,6 +156,10 @@ def search(out, *, table_path=None, hours: float | None = None, settings=SETTING
             if hours is not None and time.time() - t0 > hours * 3600:
                 log(f"[unstable search] {hours:g} h spent: stopping; rerun to continue")
                 return _write(out, table_path)
+            if upto == SCREEN and _fp32_screen_blew_up(spec, folder, progress):
+                df = _write(out, table_path)
+                log(f"[unstable search] {spec.name}: {df[df['setting'] == spec.name]['verdict'].iloc[0]}")
+                break
             _ens.run(spec, folder, upto=upto, group_size=SCREEN, progress=progress, log=log)
             df = _write(out, table_path)
             verdict = df[df["setting"] == spec.name]["verdict"].iloc[0]
@@ -161,6 +169,14 @@ def search(out, *, table_path=None, hours: float | None = None, settings=SETTING
             if verdict.startswith("out"):
                 break
     return _write(out, table_path)
+
+
+def _fp32_screen_blew_up(spec: _ens.Ensemble, folder: Path, progress: bool) -> bool:
+    """Train (or load) the FP32 arm's screen members first; whether any blew up (then the MX arms need not train)."""
+    _ens.prepare(spec, folder)
+    _ens.train_unit(folder, "fp32", tuple(range(SCREEN)), progress=progress)
+    t = ensemble_result.load(folder).table
+    return bool(t[(t["arm"] == "fp32") & (t["member"] < SCREEN)]["event"].any())
 
 
 def _write(out: Path, table_path) -> pd.DataFrame:

@@ -44,3 +44,18 @@ def test_status_prints_the_table_and_each_started_settings_progress(tmp_path, ca
     assert U.main(["--out", str(tmp_path / "s"), "--status"]) == 0
     out = capsys.readouterr().out
     assert "settings started" in out and out.count("w16-d2-lr0.003") == 2 * len(U.ARMS)  # table and progress rows
+
+
+def test_a_setting_where_fp32_blows_up_in_its_screen_trains_no_mx_arm(tmp_path, trained):
+    """LR 0.5 at width 16: FP32 blows up in all four screen members, so the setting is out (the LR-driven
+    instability both precisions share) before any MX member trains; the table says so in every arm's row."""
+    kw = dict(settings=[(16, 2, 0.5)], steps=30, batch=32, progress=False, log=lambda _: None)
+    df = U.search(tmp_path / "s", **kw)
+    assert {c.recipe.name for c in trained} == {"fp32"} and len(trained) >= 1
+    assert list(df["arm"]) == list(U.ARMS) and list(df["members"]) == [U.SCREEN, 0, 0]
+    assert df["blowups"].iloc[0] >= 1 and df[["p", "low", "high"]].iloc[1:].isna().all().all()
+    assert set(df["verdict"]) == {f"out: FP32 blew up too ({df['blowups'].iloc[0]}/{U.SCREEN}: LR-driven); "
+                                  f"MX arms not trained"} and set(df["stage"]) == {"screen"}
+    n = len(trained)
+    pd.testing.assert_frame_equal(U.search(tmp_path / "s", **kw), df)  # resumed: decided, nothing trained
+    assert len(trained) == n
