@@ -129,9 +129,6 @@ def _report(args) -> int:
         if args.figures and not ensemble_report.is_ensemble(args.results):
             args.parser.error(f"--figures draws an ensemble's survival and blow-up-rate figures; {args.results!r} is "
                               f"not an ensemble's results folder (no ensemble.json)")
-        if args.only and not ensemble_report.is_ensemble(args.results):
-            args.parser.error(f"--only selects sections of an ensemble's report; {args.results!r} is not an "
-                              f"ensemble's results folder (no ensemble.json)")
         print(report.for_folder(args.results, parts=args.only), end="")
         if args.figures:
             write_figures(ensemble_result.load(args.results), args.figures, results_folder(args.results))

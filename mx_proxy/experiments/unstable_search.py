@@ -66,9 +66,13 @@ def _label(width: int, depth: int, lr: float) -> str:
     return f"w{width}-d{depth}-lr{lr:g}"
 
 
+def _order(width: int, depth: int, lr: float) -> tuple:
+    """The search order's sort key: the cheapest shape first (a step costs ∝ width² · depth), its largest LR first."""
+    return width * width * depth, width, depth, -lr
+
+
 SETTINGS: tuple[tuple[int, int, float], ...] = tuple(sorted(
-    itertools.product((128, 256, 384), (4, 8), (6e-4, 1e-3, 2e-3, 3e-3)),
-    key=lambda s: (s[0] * s[0] * s[1], s[0], s[1], -s[2])))
+    itertools.product((128, 256, 384), (4, 8), (6e-4, 1e-3, 2e-3, 3e-3)), key=lambda s: _order(*s)))
 """(width, depth, LR) of the Fig. 2 family, cheapest shape first (cost ∝ width² · depth), its largest LR first."""
 
 
@@ -121,11 +125,10 @@ def table(out) -> pd.DataFrame:
                          "blowups": k, "p": r.p, "low": r.low, "high": r.high,
                          "first_blowup_at": int(first.min()) if len(first) else None, "stage": stage,
                          "verdict": verdict})
+    rows.sort(key=lambda r: _order(r["width"], r["depth"], r["lr"]))  # stable: each setting's arms stay in order
     df = pd.DataFrame(rows, columns=_COLUMNS)
     df["first_blowup_at"] = df["first_blowup_at"].astype("Int64")
-    order = df["width"] ** 2 * df["depth"]
-    return df.assign(_cost=order, _lr=-df["lr"]).sort_values(["_cost", "width", "depth", "_lr"], kind="stable").drop(
-        columns=["_cost", "_lr"]).reset_index(drop=True)
+    return df
 
 
 def progress(out) -> pd.DataFrame:
@@ -133,8 +136,7 @@ def progress(out) -> pd.DataFrame:
     (:func:`mx_proxy.experiments.ensemble_status.status`) with its ``setting``. Reads only."""
     out = Path(out).expanduser()
     started = [(f, _ens.read_spec(f)) for f in sorted(out.glob("*")) if (f / "results" / _ens.SPEC_FILE).exists()]
-    started.sort(key=lambda fs: (fs[1].base.width ** 2 * fs[1].base.depth, fs[1].base.width, fs[1].base.depth,
-                                 -fs[1].base.lr))
+    started.sort(key=lambda fs: _order(fs[1].base.width, fs[1].base.depth, fs[1].base.lr))
     if not started:
         return pd.DataFrame(columns=["setting", "arm"])
     df = pd.concat([ensemble_status.status(f).assign(setting=s.name) for f, s in started], ignore_index=True)
@@ -156,13 +158,16 @@ def search(out, *, table_path=None, hours: float | None = None, settings=SETTING
             if hours is not None and time.time() - t0 > hours * 3600:
                 log(f"[unstable search] {hours:g} h spent: stopping; rerun to continue")
                 return _write(out, table_path)
-            if upto == SCREEN and _fp32_screen_blew_up(spec, folder, progress):
-                df = _write(out, table_path)
-                log(f"[unstable search] {spec.name}: {df[df['setting'] == spec.name]['verdict'].iloc[0]}")
-                break
+            if upto == SCREEN:  # FP32's screen first: where it blows up, the table's verdict is out already
+                _ens.prepare(spec, folder)
+                _ens.train_unit(folder, "fp32", tuple(range(SCREEN)), progress=progress)
+                verdict = _verdict_of(_write(out, table_path), spec.name)
+                if verdict is not None and verdict.startswith("out"):
+                    log(f"[unstable search] {spec.name}: {verdict}")
+                    break
             _ens.run(spec, folder, upto=upto, group_size=SCREEN, progress=progress, log=log)
             df = _write(out, table_path)
-            verdict = df[df["setting"] == spec.name]["verdict"].iloc[0]
+            verdict = _verdict_of(df, spec.name)
             log(f"[unstable search] {spec.name}, {upto} members: {verdict}")
             if verdict == "qualifies":
                 return df
@@ -171,12 +176,10 @@ def search(out, *, table_path=None, hours: float | None = None, settings=SETTING
     return _write(out, table_path)
 
 
-def _fp32_screen_blew_up(spec: _ens.Ensemble, folder: Path, progress: bool) -> bool:
-    """Train (or load) the FP32 arm's screen members first; whether any blew up (then the MX arms need not train)."""
-    _ens.prepare(spec, folder)
-    _ens.train_unit(folder, "fp32", tuple(range(SCREEN)), progress=progress)
-    t = ensemble_result.load(folder).table
-    return bool(t[(t["arm"] == "fp32") & (t["member"] < SCREEN)]["event"].any())
+def _verdict_of(df: pd.DataFrame, name: str) -> str | None:
+    """The verdict of setting ``name`` in the table ``df`` (``None`` while it has no row)."""
+    mine = df[df["setting"] == name]
+    return mine["verdict"].iloc[0] if len(mine) else None
 
 
 def _write(out: Path, table_path) -> pd.DataFrame:
