@@ -26,6 +26,10 @@ row per arm of the table (``results/unstable_search.csv`` by default), rebuilt
 from the ensembles' exported members after each stage, so the table is the
 honest record, negative results included. The search resumes where it
 stopped (the ensembles' run stores), also across sessions on one machine.
+A setting the table already decided (out, or qualifying) is not trained
+again, even where its run store is gone (a fresh machine, a cleared
+scratch folder): its rows are carried over from the table as they are,
+so a committed table is where the next machine starts.
 
 Usage::
 
@@ -53,7 +57,8 @@ from mx_proxy.experiments import ensemble_result, ensemble_status, stats
 from mx_proxy.store import durable
 from mx_proxy.training.config import Config
 
-__all__ = ["SETTINGS", "spec_of", "base_config", "ARMS", "search", "table", "progress", "SCREEN", "MEMBERS", "RATE"]
+__all__ = ["SETTINGS", "spec_of", "base_config", "ARMS", "search", "table", "read_table", "decided", "merged",
+           "progress", "SCREEN", "MEMBERS", "RATE"]
 
 ARMS = ("fp32", "paper_e4m3", "mxfp8_e4m3")
 SCREEN, MEMBERS, RATE = 4, 8, 0.30
@@ -131,6 +136,24 @@ def table(out) -> pd.DataFrame:
     return df
 
 
+def read_table(path) -> pd.DataFrame:
+    """The search's table at ``path`` (empty where there is none), validated: its columns are the search's."""
+    path = Path(path)
+    if not path.exists():
+        return pd.DataFrame(columns=_COLUMNS)
+    df = pd.read_csv(path)
+    if list(df.columns) != _COLUMNS:
+        raise ValueError(f"{path} is not the unstable search's table: columns {list(df.columns)}, expected {_COLUMNS}")
+    df["first_blowup_at"] = df["first_blowup_at"].astype("Int64")
+    return df
+
+
+def decided(df: pd.DataFrame) -> set[str]:
+    """The settings of table ``df`` whose verdict is final (out, or qualifying)."""
+    final = df["verdict"].astype(str).str.startswith("out") | (df["verdict"] == "qualifies")
+    return set(df.loc[final, "setting"])
+
+
 def progress(out) -> pd.DataFrame:
     """Where each started setting's ensemble in ``out`` stands, in search order: one row per arm
     (:func:`mx_proxy.experiments.ensemble_status.status`) with its ``setting``. Reads only."""
@@ -147,13 +170,23 @@ def search(out, *, table_path=None, hours: float | None = None, settings=SETTING
            log: Callable[[str], None] = print, **changes) -> pd.DataFrame:
     """Run the search (see the module docstring) in ``out`` until a setting
     qualifies, every setting is decided, or ``hours`` have passed (checked
-    between stages); rewrite ``table_path`` after each stage. ``changes``:
-    Config fields every setting's base takes (smaller ``steps``/``batch`` for a test)."""
+    between stages); rewrite ``table_path`` after each stage. A setting that
+    ``table_path`` already decided is skipped and its rows are kept.
+    ``changes``: Config fields every setting's base takes (smaller
+    ``steps``/``batch`` for a test)."""
     out = Path(out).expanduser()
+    before = read_table(table_path) if table_path is not None else pd.DataFrame(columns=_COLUMNS)
+    carried = decided(before)
     t0 = time.time()
     for width, depth, lr in settings:
         spec = spec_of(width, depth, lr, **changes)
         folder = out / spec.name
+        if spec.name in carried and not (folder / "results" / _ens.SPEC_FILE).exists():
+            verdict = _verdict_of(before, spec.name)
+            log(f"[unstable search] {spec.name}: decided in {table_path}: {verdict}")
+            if verdict == "qualifies":
+                return _write(out, table_path)
+            continue
         for upto in (SCREEN, MEMBERS):
             if hours is not None and time.time() - t0 > hours * 3600:
                 log(f"[unstable search] {hours:g} h spent: stopping; rerun to continue")
@@ -182,8 +215,21 @@ def _verdict_of(df: pd.DataFrame, name: str) -> str | None:
     return mine["verdict"].iloc[0] if len(mine) else None
 
 
-def _write(out: Path, table_path) -> pd.DataFrame:
+def merged(out, table_path=None) -> pd.DataFrame:
+    """:func:`table` of ``out`` with the rows of the settings the table at
+    ``table_path`` decided and ``out`` holds nothing of, carried over as they are, in search order."""
     df = table(out)
+    before = read_table(table_path) if table_path is not None else df.iloc[:0]
+    keep = before[before["setting"].isin(decided(before) - set(df["setting"]))]
+    if not len(keep):
+        return df
+    df = pd.concat([df, keep], ignore_index=True)
+    key = [_order(int(w), int(d), float(lr)) for w, d, lr in zip(df["width"], df["depth"], df["lr"])]
+    return df.iloc[sorted(range(len(df)), key=key.__getitem__)].reset_index(drop=True)
+
+
+def _write(out: Path, table_path) -> pd.DataFrame:
+    df = merged(out, table_path)
     if table_path is not None:
         durable.atomic_write(Path(table_path), lambda p: df.to_csv(p, index=False))
     return df
@@ -200,7 +246,7 @@ def main(argv=None) -> int:
     if args.hours is not None and not args.hours > 0:
         p.error(f"--hours must be > 0, got {args.hours}")
     if args.status:
-        done = table(args.out)
+        done = merged(args.out, args.table)
         print(done.to_string(index=False) if len(done) else "no setting has exported members of every arm yet")
         now = progress(args.out)
         if len(now):

@@ -1,6 +1,7 @@
 """The cheaper-unstable-setting search: its settings, its stopping rule, one tiny setting end to end."""
 
 import pandas as pd
+import pytest
 
 from mx_proxy.experiments import unstable_search as U
 
@@ -38,10 +39,11 @@ def test_a_tiny_setting_is_screened_recorded_and_resumed(tmp_path):
 
 
 def test_status_prints_the_table_and_each_started_settings_progress(tmp_path, capsys):
-    assert U.main(["--out", str(tmp_path / "none"), "--status"]) == 0
+    none = ["--table", str(tmp_path / "none.csv")]  # not the committed table, which --status reads by default
+    assert U.main(["--out", str(tmp_path / "none"), "--status", *none]) == 0
     assert "no setting has exported members of every arm yet" in capsys.readouterr().out
     U.search(tmp_path / "s", settings=[(16, 2, 3e-3)], steps=20, batch=32, progress=False, log=lambda _: None)
-    assert U.main(["--out", str(tmp_path / "s"), "--status"]) == 0
+    assert U.main(["--out", str(tmp_path / "s"), "--status", *none]) == 0
     out = capsys.readouterr().out
     assert "settings started" in out and out.count("w16-d2-lr0.003") == 2 * len(U.ARMS)  # table and progress rows
 
@@ -59,3 +61,28 @@ def test_a_setting_where_fp32_blows_up_in_its_screen_trains_no_mx_arm(tmp_path, 
     n = len(trained)
     pd.testing.assert_frame_equal(U.search(tmp_path / "s", **kw), df)  # resumed: decided, nothing trained
     assert len(trained) == n
+
+
+def test_a_setting_the_table_decided_is_not_trained_again_and_its_rows_are_carried(tmp_path, trained):
+    """A fresh store (a new machine) with the committed table: the decided setting is skipped, its rows kept as
+    they were, and the next setting is trained and written beside them in search order."""
+    kw = dict(steps=20, batch=32, progress=False, log=lambda _: None)
+    first = U.search(tmp_path / "old", table_path=tmp_path / "t.csv", settings=[(16, 2, 2e-3)], **kw)
+    assert first["verdict"].iloc[0].startswith("out")  # no blow-up in 20 steps: decided at the screen
+    trained.clear()
+    log = []
+    df = U.search(tmp_path / "new", table_path=tmp_path / "t.csv", settings=[(16, 2, 2e-3), (16, 2, 1e-3)],
+                  **dict(kw, log=log.append))
+    assert {c.lr for c in trained} == {1e-3}  # only the undecided setting trained
+    assert any("w16-d2-lr0.002: decided in" in line for line in log)
+    assert list(df["setting"]) == ["w16-d2-lr0.002"] * 3 + ["w16-d2-lr0.001"] * 3  # search order: larger LR first
+    pd.testing.assert_frame_equal(df.iloc[:3].reset_index(drop=True), first)
+    pd.testing.assert_frame_equal(U.read_table(tmp_path / "t.csv"), df)
+    assert list(U.merged(tmp_path / "new", tmp_path / "t.csv")["setting"]) == list(df["setting"])
+
+
+def test_a_table_that_is_not_the_searchs_is_refused(tmp_path):
+    (tmp_path / "t.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="not the unstable search's table"):
+        U.search(tmp_path / "s", table_path=tmp_path / "t.csv", settings=[(16, 2, 2e-3)], steps=20, batch=32,
+                 progress=False, log=lambda _: None)
