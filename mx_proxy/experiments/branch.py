@@ -61,12 +61,15 @@ def exists(folder) -> bool:
     return p.is_dir() and any(c.name.startswith("step_") and (c / "meta.json").exists() for c in p.iterdir())
 
 
-def compare_losses(metrics: pd.DataFrame, reference, step: int) -> dict:
+def compare_losses(metrics: pd.DataFrame, reference, step: int, file: str = "metrics.parquet") -> dict:
     """Compare ``metrics`` (a replay) with an exported run's (folder
-    ``reference``) before ``step``, column by column for ``loss`` and
-    ``ref_loss``: ``{"reference", "identical", "first_difference", "columns"}``."""
-    ref = pd.read_parquet(Path(reference) / "metrics.parquet")
+    ``reference``, its ``file``) before ``step``, column by column for ``loss`` and
+    ``ref_loss`` where both have them, every step before ``step`` of ``metrics``:
+    ``{"reference", "identical", "first_difference", "columns"}``."""
+    ref = pd.read_parquet(Path(reference) / file)
     cols = [c for c in ("loss", "ref_loss") if c in metrics and c in ref]
+    if "loss" not in cols:
+        raise ValueError(f"{Path(reference) / file} and the state's metrics do not both have a loss column")
     a = metrics[metrics["step"] < step].set_index("step")[cols]
     b = ref[ref["step"] < step].set_index("step")[cols].reindex(a.index)
     same = ((a.to_numpy() == b.to_numpy()) | (np.isnan(a.to_numpy(dtype=float)) & np.isnan(b.to_numpy(dtype=float))))

@@ -38,7 +38,9 @@ this process, ``jobs`` local worker processes, or a Slurm array). Folder ``OUT``
   branch ensemble, ``branch_history.parquet`` (the state's loss and gradient
   norms before the branch). This
   folder is what :mod:`mx_proxy.experiments.ensemble_result` and ``mx-proxy
-  report`` read.
+  report`` read. A member it holds but the store does not (a fresh
+  machine, the results copied back) is done and loaded from there; a
+  branch state must have the history ``branch_history.parquet`` recorded.
 """
 
 from __future__ import annotations
@@ -154,25 +156,57 @@ def _check_unit(spec: Ensemble, arm: str, members) -> list[int]:
     return members
 
 
+def _exported(spec: Ensemble, arm: str, i: int, results: Path) -> Run | None:
+    """Member ``i`` of ``arm`` as exported in ``results`` (and its twin's export
+    beside an ``unchanged`` member that has one), if that export is this
+    member's (its config is the one the member trains); else ``None``."""
+    from mx_proxy.experiments import ensemble_result  # it reads the spec from here
+
+    labels = [member_label(arm, i)] + ([member_label(TWIN, i)] if arm == CONTROL and TWIN in spec.arms else [])
+    if not all((results / label / "run.json").exists() for label in labels):
+        return None
+    r = ensemble_result.load_member(spec, results / labels[0])
+    return r if r.config == spec.config(arm, i) else None
+
+
+def _check_branch(spec: Ensemble, arm: str, todo: list[int], branch: _branch.Branch | None, bdir: Path) -> None:
+    if branch is None:
+        raise ValueError(f"members {todo} of arm {arm!r} need the branch state at step {spec.branch_at}, and {bdir} "
+                         f"holds none: prepare the ensemble with a source (--branch-from)")
+    if spec.config(arm, todo[0]).has_paired_run and branch.state.ref_params is None:
+        raise ValueError(f"arm {arm!r} trains beside its FP32 twin, and the branch state in {bdir} holds no twin "
+                         f"(written from a run without its paired FP32 run): members {todo} cannot train from it")
+
+
 def train_unit(out, arm: str, members=None, *, progress: bool = True, bar=None) -> dict[int, Run]:
     """Train (or load, or resume) ``members`` (default: all) of ``arm`` of the
     ensemble in ``out`` into ``out/runs`` as one program, export each, and
     return ``{i: run}``. The unit of work: a worker process (or a scheduler's
     task) calls it with the folder, the arm and the member indices; on CPU a
-    member's numbers do not depend on which members share its program."""
+    member's numbers do not depend on which members share its program.
+
+    A member the store does not hold but ``out/results`` has exported (a
+    fresh machine, the store gone; results copied back from where they were
+    committed) is done: it is loaded from its export (metrics from
+    ``branch_at − 100`` on for a branch member), not trained or exported again."""
     out = Path(out)
     spec = read_spec(out)
     members = _check_unit(spec, arm, members)
-    branch = _branch.read(out / "branch") if spec.kind == "branch" else None
+    bdir = out / "branch"
+    branch = _branch.read(bdir) if spec.kind == "branch" and _branch.exists(bdir) else None
     st = _store.Store(out / "runs")
     st.check_writable()
     st.clean()
     parent = branch.key if branch else None
-    keys = {i: member_key(spec, arm, i, parent) for i in members}
-    done = {i: r for i in members if (r := st.load(keys[i])) is not None}
-    todo = [i for i in members if i not in done]
+    keys = {i: member_key(spec, arm, i, parent) for i in members} if branch or spec.kind != "branch" else {}
+    done = {i: r for i in keys if (r := st.load(keys[i])) is not None}
+    exported = {i: r for i in members if i not in done
+                and (r := _exported(spec, arm, i, out / "results")) is not None}
+    todo = [i for i in members if i not in done and i not in exported]
+    if todo and spec.kind == "branch":
+        _check_branch(spec, arm, todo, branch, bdir)
     if bar is not None:
-        bar.update(len(done) * spec.horizon)
+        bar.update((len(done) + len(exported)) * spec.horizon)
     if todo:
         group = [_member(spec, arm, i, st, keys[i], branch, spec.end) for i in todo]
         if len({m.start for m in group}) > 1:  # interrupted while saving: from the newest step all of them hold
@@ -193,8 +227,9 @@ def train_unit(out, arm: str, members=None, *, progress: bool = True, bar=None) 
                 runner.notify(r.config)
                 done[i] = st.save(r, keys[i])
                 interruption.finish(done[i])
-    export(spec, arm, {i: done[i] for i in members}, out / "results")
-    return {i: done[i] for i in members}
+    if done:
+        export(spec, arm, done, out / "results")
+    return {i: done[i] if i in done else exported[i] for i in members}
 
 
 def train_arm(out, arm: str, *, progress: bool = True, bar=None) -> list[Run]:
@@ -283,6 +318,15 @@ def read_branch(out) -> _branch.Branch:
     return _branch.read(Path(out).expanduser() / "branch")
 
 
+def _same_history(b: _branch.Branch, hist: Path, bdir: Path) -> None:
+    """Refuse a branch state whose losses before the branch differ (bit for
+    bit) from the history its ensemble recorded: its exported members branched from another state."""
+    found = _branch.compare_losses(b.metrics, hist.parent, b.step, file=hist.name)
+    if not found["identical"]:
+        raise ValueError(f"the branch state in {bdir} is not the one the members in {hist.parent} branched from: "
+                         f"its loss differs from {hist.name}'s at step {found['first_difference']}")
+
+
 def prepare(spec: Ensemble, out, source=None) -> Path:
     """Write ``spec`` (and, for a branch ensemble, the branch state from
     ``source``: a run, a stored run's folder or a branch-state folder) into
@@ -296,11 +340,14 @@ def prepare(spec: Ensemble, out, source=None) -> Path:
                              f"{spec.branch_at}; {bdir} has none")
         prepare_branch(source, spec.branch_at, out)
         b = _branch.read(bdir)
-        if b.step != spec.branch_at or b.config != spec.base:
+        student_only = spec.base.has_paired_run and b.config == spec.base.replace(paired_run=False)
+        if b.step != spec.branch_at or not (b.config == spec.base or student_only):
             raise ValueError(f"the branch state in {bdir} (step {b.step}, config {b.config.hash()}) is not the "
                              f"ensemble's (step {spec.branch_at}, config {spec.base.hash()})")
         hist = out / "results" / HISTORY_FILE
-        if not hist.exists():
+        if hist.exists():  # the members exported so far branched from the state this history is of
+            _same_history(b, hist, bdir)
+        else:
             cols = ["step", "loss"] + [c for c in b.metrics if c == "ref_loss" or c.startswith("grad_norm/block_")]
             durable.atomic_write(hist, lambda p: b.metrics[cols].to_parquet(p, index=False))
     return out

@@ -231,3 +231,54 @@ def test_status_names_each_arms_slurm_jobs_and_an_arm_whose_jobs_ended_is_interr
     assert joined.loc["mxfp8_e4m3", "jobs"] == "7_2 failed (FAILED)"
     assert joined.loc["mxfp8_e4m3", "state"] == "interrupted"
     assert ensemble_status.with_jobs(table, units.iloc[:0], tmp_path) is table  # not submitted to Slurm: unchanged
+
+
+def test_a_fresh_machine_resumes_from_the_exported_results_and_a_student_only_state(trained, parent, tmp_path):
+    """The store and branch state gone, the results kept (committed): exported members are done, not retrained;
+    the state replayed without its FP32 twin (losses identical to the paired run's) trains the arms that need no
+    twin, bit for bit as from the paired state, and refuses the one that does."""
+    import shutil
+
+    from mx_proxy.runner import loop as runner
+    spec, out, runs = trained
+    shutil.copytree(out / "results", tmp_path / "e" / "results")
+    for i in (2, 3):
+        shutil.rmtree(tmp_path / "e" / "results" / E.member_label("fp32", i))
+    with pytest.raises(ValueError, match="needs a source"):
+        E.run(spec, tmp_path / "e", progress=False, log=lambda *_: None)
+    alone = mxp.train(PARENT.replace(paired_run=False), store=tmp_path / "alone", progress=False)
+    np.testing.assert_array_equal(alone.metrics["loss"].to_numpy(), parent.metrics["loss"].to_numpy())
+    log = []
+    runner.hooks.append(log.append)
+    try:
+        again = E.run(spec, tmp_path / "e", source=alone, progress=False, log=lambda *_: None)
+    finally:
+        runner.hooks.remove(log.append)
+    assert sorted((c.recipe.name, c.data_seed) for c in log) == [("fp32", 3), ("fp32", 4)]
+    for i in range(spec.members):
+        a, b = again["fp32"][i].metrics, runs["fp32"][i].metrics
+        b = b[b["step"] >= a["step"].iloc[0]].reset_index(drop=True)  # an export keeps 100 steps before the branch
+        after = (a["step"] >= spec.branch_at).to_numpy()
+        cols = [c for c in b.columns if c in a.columns and c != "val_loss"]
+        paired_only = sorted(set(b.columns) - set(a.columns))  # the paired state's history: its twin's columns
+        assert set(paired_only) <= {"ref_loss", "ref_grad_norm", "zeta_paper", "cosine_paper"}
+        assert i < 2 or (paired_only and b.loc[after, paired_only].isna().all().all())
+        pd.testing.assert_frame_equal(a.loc[after, cols], b.loc[after, cols], check_dtype=False)
+        np.testing.assert_array_equal(a["loss"], b["loss"])  # the history before the branch too
+        assert again["unchanged"][i].path == str(tmp_path / "e" / "results" / E.member_label("unchanged", i))
+    shutil.rmtree(tmp_path / "e" / "results" / E.member_label("twin", 3))
+    with pytest.raises(ValueError, match=r"arm 'unchanged' trains beside its FP32 twin.*holds no twin.*\[3\]"):
+        E.train_unit(tmp_path / "e", "unchanged", (3,), progress=False)
+
+
+def test_a_branch_state_whose_history_is_not_the_members_is_refused(trained, parent, tmp_path):
+    import shutil
+
+    spec, out, _ = trained
+    shutil.copytree(out / "results", tmp_path / "e" / "results")
+    hist = tmp_path / "e" / "results" / E.HISTORY_FILE
+    h = pd.read_parquet(hist)
+    h.loc[h["step"] == 7, "loss"] *= np.float32(1 + 2**-20)
+    h.to_parquet(hist, index=False)
+    with pytest.raises(ValueError, match="not the one the members in .* branched from: its loss differs .* at step 7"):
+        E.prepare(spec, tmp_path / "e", source=parent)
