@@ -65,6 +65,7 @@ from mx_proxy.experiments.ensemble_spec import (
     arm_names,
     default_out,
     extends,
+    load_member,
     member_key,
     member_label,
     positive_int,
@@ -160,12 +161,10 @@ def _exported(spec: Ensemble, arm: str, i: int, results: Path) -> Run | None:
     """Member ``i`` of ``arm`` as exported in ``results`` (and its twin's export
     beside an ``unchanged`` member that has one), if that export is this
     member's (its config is the one the member trains); else ``None``."""
-    from mx_proxy.experiments import ensemble_result  # it reads the spec from here
-
     labels = [member_label(arm, i)] + ([member_label(TWIN, i)] if arm == CONTROL and TWIN in spec.arms else [])
     if not all((results / label / "run.json").exists() for label in labels):
         return None
-    r = ensemble_result.load_member(spec, results / labels[0])
+    r = load_member(spec, results / labels[0])
     return r if r.config == spec.config(arm, i) else None
 
 

@@ -34,17 +34,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from mx_proxy.experiments import analysis, stats
 from mx_proxy.experiments import ensemble as _ens
 from mx_proxy.experiments.ensemble import TWIN, Ensemble, member_label, read_spec
-from mx_proxy.experiments.ensemble_spec import results_folder
+from mx_proxy.experiments.ensemble_spec import load_member, results_folder
 from mx_proxy.runner import loop as runner
-from mx_proxy.store import files
 from mx_proxy.training.config import Config
 from mx_proxy.training.result import Run
 
@@ -189,30 +186,6 @@ def load(folder, confidence: float = 0.95) -> EnsembleResult:
                      if (results / member_label(arm, i) / "run.json").exists() else None
                      for i in range(spec.members)]
     return EnsembleResult(spec, runs, confidence)
-
-
-def load_member(spec: Ensemble, folder) -> Run:
-    """One exported member (``<arm>-m<i>/``), its files verified
-    (:mod:`mx_proxy.store.files`): ``run.json`` against the results schema,
-    its config, and its metrics: a float32 ``loss`` column and one row per
-    step from the first the export keeps (``branch_at − 100`` of a branch
-    member, else 0) for ``steps_run`` rows. A damaged file is a ValueError naming it."""
-    folder = Path(folder)
-    meta = files.read_json(folder / "run.json", files.RESULT_META)
-    cfg = files.read_config(folder / "config.json")
-    path = folder / "metrics.parquet"
-    try:
-        metrics = pd.read_parquet(path)
-    except Exception as e:  # OSError, or pyarrow's own error types for a truncated file
-        raise files.EntryError(f"{path} is damaged ({type(e).__name__}: {str(e)[:200]})") from None
-    first = max(0, spec.start - _ens.HISTORY) if spec.kind == "branch" else 0
-    steps = metrics["step"].to_numpy() if "step" in metrics else None
-    if steps is None or "loss" not in metrics or metrics["loss"].dtype != np.float32:
-        raise files.EntryError(f"{path} is damaged: it needs an int step and a float32 loss column")
-    if len(metrics) != meta["steps_run"] or not np.array_equal(steps, np.arange(first, first + len(metrics))):
-        raise files.EntryError(f"{path} is incomplete: {len(metrics)} rows, not one per step from {first} for "
-                               f"{meta['steps_run']} steps")
-    return Run(cfg, metrics, meta["diverged_at"], None, meta.get("wall_time_s") or 0.0, dict(meta), str(folder))
 
 
 def _default_name(base: Config, kind: str, branch_at: int | None) -> str:

@@ -15,16 +15,18 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from mx_proxy.numerics import recipe as _recipes
 from mx_proxy.numerics.recipe_type import Recipe
-from mx_proxy.store import durable
+from mx_proxy.store import durable, files
 from mx_proxy.store import run_store as _store
 from mx_proxy.training.config import BOUNDS, INTERVENABLE_FIELDS, SEED_LIMIT, Config
+from mx_proxy.training.result import Run
 
 __all__ = ["Ensemble", "KINDS", "CONTROL", "TWIN", "HISTORY", "SPEC_FILE", "HISTORY_FILE", "arm_names",
            "member_label", "member_key", "results_folder", "read_spec", "write_spec", "extends", "arm_changes",
-           "default_out", "positive_int"]
+           "default_out", "positive_int", "load_member"]
 
 KINDS = ("seed", "data", "branch")
 CONTROL = "unchanged"
@@ -272,3 +274,27 @@ def member_key(spec: Ensemble, arm: str, i: int, parent: str | None) -> str:
 def default_out(name: str) -> Path:
     """Where ``mx-proxy ensemble`` keeps an ensemble by default: ``~/.cache/proxy/ensembles/<name>``."""
     return Path(os.environ.get("PROXY_ENSEMBLES", "~/.cache/proxy/ensembles")).expanduser() / name
+
+
+def load_member(spec: Ensemble, folder) -> Run:
+    """One exported member (``<arm>-m<i>/``), its files verified
+    (:mod:`mx_proxy.store.files`): ``run.json`` against the results schema,
+    its config, and its metrics: a float32 ``loss`` column and one row per
+    step from the first the export keeps (``branch_at − 100`` of a branch
+    member, else 0) for ``steps_run`` rows. A damaged file is a ValueError naming it."""
+    folder = Path(folder)
+    meta = files.read_json(folder / "run.json", files.RESULT_META)
+    cfg = files.read_config(folder / "config.json")
+    path = folder / "metrics.parquet"
+    try:
+        metrics = pd.read_parquet(path)
+    except Exception as e:  # OSError, or pyarrow's own error types for a truncated file
+        raise files.EntryError(f"{path} is damaged ({type(e).__name__}: {str(e)[:200]})") from None
+    first = max(0, spec.start - HISTORY) if spec.kind == "branch" else 0
+    steps = metrics["step"].to_numpy() if "step" in metrics else None
+    if steps is None or "loss" not in metrics or metrics["loss"].dtype != np.float32:
+        raise files.EntryError(f"{path} is damaged: it needs an int step and a float32 loss column")
+    if len(metrics) != meta["steps_run"] or not np.array_equal(steps, np.arange(first, first + len(metrics))):
+        raise files.EntryError(f"{path} is incomplete: {len(metrics)} rows, not one per step from {first} for "
+                               f"{meta['steps_run']} steps")
+    return Run(cfg, metrics, meta["diverged_at"], None, meta.get("wall_time_s") or 0.0, dict(meta), str(folder))

@@ -1,0 +1,116 @@
+"""The paper's own setting at other seeds: is seed 0's blow-up a rate, and how large?
+
+``results/paper`` holds one seed of the paper's setting (width 512, depth 4,
+batch 2048, Adam at LR 6e-4, 9000 steps, bf16 dots): its ``paper_e4m3`` run
+blew up at step 6841 beside a stable FP32 run. This experiment trains the
+same configuration at other seeds as a ``seed`` ensemble
+(:mod:`mx_proxy.experiments.ensemble`): member i of every arm at
+``seed = data_seed = first_seed + i`` (default seeds 1–4), arms ``fp32``
+(the control), ``paper_e4m3`` and ``mxfp8_e4m3``, each member a
+single-recipe run (no FP32 twin trained beside it: FP32 is an arm of its
+own, paired with the others by seed). Its base is the exported paired run's
+config (``config.json``), with its recipe kept, so an arm that is a
+mitigation of it (``fp32_keep_bias``: FP32 with the LN bias frozen from
+step 0, as the authors' MX run never trains it) can be appended later, its
+members paired with these.
+
+A member at width 512 costs ~0.7–0.9 s per step on a 2-core CPU
+(docs/campaign.md), ~2 h to step 9000: give ``--group-size 1`` there, so
+that each member is exported as soon as it finishes, and copy
+``OUT/results`` into the repository (``results/ensembles/seeds-w512``) as
+members land. A fresh machine resumes from those committed exports (copy
+them to ``OUT/results``; :func:`mx_proxy.experiments.ensemble.train_unit`).
+
+Usage::
+
+    python -m mx_proxy.experiments.paper_seeds --out ~/seeds [--members 4] [--group-size 1] [--hours 1.8]
+    python -m mx_proxy.experiments.paper_seeds --out ~/seeds --status
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from mx_proxy.experiments import ensemble as _ens
+from mx_proxy.experiments import ensemble_status
+from mx_proxy.store import files
+from mx_proxy.training.config import Config
+
+__all__ = ["PARENT", "ARMS", "NAME", "base_config", "spec_of", "run", "main"]
+
+PARENT = Path(__file__).resolve().parents[2] / "results" / "paper" / "paired-w512-paper_e4m3-lr6e-4-s0"
+"""The exported paired run of seed 0 whose config the members share."""
+ARMS = ("fp32", "paper_e4m3", "mxfp8_e4m3")
+NAME = "seeds-w512"
+MEMBERS = 4
+
+
+def base_config(parent=PARENT, **changes) -> Config:
+    """The members' base: the exported run's config without its paired FP32 run and its checkpoint steps
+    (``changes``: Config fields set otherwise, e.g. a smaller width and steps for a test)."""
+    cfg = files.read_config(Path(parent) / "config.json")
+    return cfg.replace(paired_run=False, gradient_reference="same_point", checkpoint_at=(), **changes)
+
+
+def spec_of(members: int = MEMBERS, *, arms=ARMS, first_seed: int = 1, parent=PARENT, **changes) -> _ens.Ensemble:
+    """The seed ensemble: ``members`` seeds from ``first_seed`` of ``arms`` at the parent run's config."""
+    base = base_config(parent, **changes)
+    return _ens.Ensemble(NAME, "seed", base, tuple(arms), members, base.steps, first_seed=first_seed,
+                         checkpoint_every=500)
+
+
+def run(spec: _ens.Ensemble, out, *, group_size: int | None = 1, hours: float | None = None, progress: bool = True,
+        log=print) -> int:
+    """Train the units of ``spec`` in ``out`` in order (members chunk first:
+    seed 1 of every arm before seed 2 of any) until all are exported or
+    ``hours`` have passed (checked between units); returns the units trained or loaded."""
+    out = Path(out).expanduser()
+    _ens.prepare(spec, out)
+    t0, n = time.time(), 0
+    for arm, members in _ens.units(spec, group_size):
+        if hours is not None and time.time() - t0 > hours * 3600:
+            log(f"[paper seeds] {hours:g} h spent: stopping before {arm} m{members[0]:02d}; rerun to continue")
+            break
+        _ens.train_unit(out, arm, members, progress=progress)
+        n += 1
+        log(f"[paper seeds] {arm} members {list(members)} exported ({time.time() - t0:.0f} s)")
+    return n
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mx_proxy.experiments.paper_seeds", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="the ensemble's folder (OUT/runs, OUT/results); resumable")
+    p.add_argument("--members", type=int, default=MEMBERS, help="seeds per arm (default 4: seeds 1-4)")
+    p.add_argument("--group-size", type=int, default=1, help="members trained as one program (default 1)")
+    p.add_argument("--hours", type=float, help="stop (between units) after this many hours; rerun to continue")
+    p.add_argument("--status", action="store_true", help="print where each arm stands, train nothing")
+    p.add_argument("--width", type=int, help="a smaller width (a test; default the parent run's, 512)")
+    p.add_argument("--steps", type=int, help="fewer steps (a test; default the parent run's, 9000)")
+    p.add_argument("--batch", type=int, help="a smaller batch (a test; default the parent run's, 2048)")
+    args = p.parse_args(argv)
+    if args.status:
+        print(ensemble_status.status(args.out).to_string(index=False))
+        return 0
+    for name in ("members", "group_size", "width", "steps", "batch"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            p.error(f"--{name.replace('_', '-')} must be ≥ 1, got {v}")
+    if args.hours is not None and not args.hours > 0:
+        p.error(f"--hours must be > 0, got {args.hours}")
+    changes = {k: getattr(args, k) for k in ("width", "steps", "batch") if getattr(args, k) is not None}
+    if "steps" in changes:
+        changes["val_every"] = 0  # the parent's validation period need not divide a test's steps
+    try:
+        spec = spec_of(args.members, **changes)
+    except ValueError as e:
+        p.error(str(e))
+    run(spec, args.out, group_size=args.group_size, hours=args.hours)
+    print(ensemble_status.status(args.out).to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The paper's setting at seeds 1-4 (mx_proxy.experiments.paper_seeds: fp32, paper_e4m3 and mxfp8_e4m3, width 512,
+# 9000 steps) on a GPU, from the source tree, no network:
+#
+#   scripts/gpu_seeds.sh [SECONDS] [WORK] [OPTIONS...]
+#
+# Runs `python -m mx_proxy.experiments.paper_seeds --out WORK --group-size 4 [OPTIONS...]` (each arm's four seeds
+# as one vmapped program) for at most SECONDS (default 480) into WORK (default /tmp/proxy-seeds); a second call
+# resumes from WORK's run store, or, on a fresh machine, from the exports copied back into WORK/results. Each
+# member is exported as its unit finishes; the exports are copied to $OUT/results/ensembles/seeds-w512 when $OUT
+# is set (the device machine's output folder), else to results/ensembles/seeds-w512, and the ensemble's report
+# (`mx-proxy report`) is printed and kept in WORK/report.md.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+LIMIT="${1:-480}"
+WORK="${2:-/tmp/proxy-seeds}"
+DEST="${OUT:-.}/results/ensembles/seeds-w512"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+python -c 'import jax; print("jax", jax.__version__, "devices", jax.devices())'
+START=$(date +%s)
+timeout --signal=INT "$LIMIT" python -m mx_proxy.experiments.paper_seeds --out "$WORK" --group-size 4 "${@:3}"
+STATUS=$?
+echo "paper seeds exit status $STATUS after $(( $(date +%s) - START )) s (124/130: time limit reached, rerun to resume)"
+mkdir -p "$DEST"
+if [ -f "$WORK/results/ensemble.json" ]; then
+  cp -r "$WORK/results/." "$DEST/"
+  python -m mx_proxy.cli report "$DEST" | tee "$WORK/report.md" || true
+fi
+ls "$DEST" | head -50

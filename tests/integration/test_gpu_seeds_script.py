@@ -1,0 +1,36 @@
+"""``scripts/gpu_seeds.sh`` end to end at width 16 (on whatever device this is): it trains the seed ensemble,
+copies its exports into ``$OUT`` and prints the ensemble's report; a second call loads, trains nothing."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from mx_proxy.experiments import ensemble_result, report
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _call(work, out):
+    env = {**os.environ, "OUT": str(out),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_seeds.sh"), "900", str(work), "--width", "16",
+                           "--steps", "30", "--batch", "32", "--members", "2"], cwd=work.parent, env=env,
+                          capture_output=True, text=True, timeout=1200)
+
+
+def test_gpu_seeds_script_trains_exports_and_reports(tmp_path):
+    out, work = tmp_path / "out", tmp_path / "work"
+    done = _call(work, out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "paper seeds exit status 0" in done.stdout and "member-step" in done.stderr  # trained
+    dest = out / "results" / "ensembles" / "seeds-w512"
+    res = ensemble_result.load(dest)
+    assert res.spec.kind == "seed" and res.spec.arms == ("fp32", "paper_e4m3", "mxfp8_e4m3")
+    assert all(r is not None and r.config.width == 16 and r.config.seed == i + 1
+               for runs in res.runs.values() for i, r in enumerate(runs))
+    text = (work / "report.md").read_text()
+    assert text == report.for_folder(dest) and text in done.stdout
+    again = _call(work, out)  # everything exported: loaded, nothing trained
+    assert again.returncode == 0 and "[paper seeds] fp32 members [0, 1] exported" in again.stdout
+    assert "member-step/s" not in again.stderr
