@@ -160,11 +160,15 @@ def _check_unit(spec: Ensemble, arm: str, members) -> list[int]:
 def _exported(spec: Ensemble, arm: str, i: int, results: Path) -> Run | None:
     """Member ``i`` of ``arm`` as exported in ``results`` (and its twin's export
     beside an ``unchanged`` member that has one), if that export is this
-    member's (its config is the one the member trains); else ``None``."""
+    member's (its config is the one the member trains) and whole; else
+    ``None`` (a damaged export is trained again and rewritten)."""
     labels = [member_label(arm, i)] + ([member_label(TWIN, i)] if arm == CONTROL and TWIN in spec.arms else [])
     if not all((results / label / "run.json").exists() for label in labels):
         return None
-    r = load_member(spec, results / labels[0])
+    try:
+        r = load_member(spec, results / labels[0])
+    except ValueError:  # files.EntryError: a truncated or altered file
+        return None
     return r if r.config == spec.config(arm, i) else None
 
 
