@@ -23,7 +23,8 @@ them to ``OUT/results``; :func:`mx_proxy.experiments.ensemble.train_unit`).
 
 Usage::
 
-    python -m mx_proxy.experiments.paper_seeds --out ~/seeds [--members 4] [--group-size 1] [--hours 1.8]
+    python -m mx_proxy.experiments.paper_seeds --out ~/seeds [--members 4] [--group-size 1] [--hours 1.8] \\
+        [--arms fp32 paper_e4m3 mxfp8_e4m3 fp32_keep_bias]
     python -m mx_proxy.experiments.paper_seeds --out ~/seeds --status
 """
 
@@ -84,6 +85,9 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="the ensemble's folder (OUT/runs, OUT/results); resumable")
     p.add_argument("--members", type=int, default=MEMBERS, help="seeds per arm (default 4: seeds 1-4)")
+    p.add_argument("--arms", nargs="+", default=ARMS, metavar="ARM",
+                   help=f"the arms, the control first (default {' '.join(ARMS)}); more than a saved "
+                        f"ensemble's extend it, e.g. {' '.join(ARMS)} fp32_keep_bias")
     p.add_argument("--group-size", type=int, default=1, help="members trained as one program (default 1)")
     p.add_argument("--hours", type=float, help="stop (between units) after this many hours; rerun to continue")
     p.add_argument("--status", action="store_true", help="print where each arm stands, train nothing")
@@ -104,7 +108,7 @@ def main(argv=None) -> int:
     if "steps" in changes:
         changes["val_every"] = 0  # the parent's validation period need not divide a test's steps
     try:
-        spec = spec_of(args.members, **changes)
+        spec = spec_of(args.members, arms=args.arms, **changes)
     except ValueError as e:
         p.error(str(e))
     run(spec, args.out, group_size=args.group_size, hours=args.hours)

@@ -27,7 +27,8 @@ def test_members_are_the_exported_runs_config_at_other_seeds_paired_by_seed():
 
 @pytest.mark.parametrize("args, message", [(["--members", "0"], "--members must be ≥ 1, got 0"),
                                            (["--hours", "-1"], "--hours must be > 0, got -1.0"),
-                                           (["--group-size", "0"], "--group-size must be ≥ 1, got 0")])
+                                           (["--group-size", "0"], "--group-size must be ≥ 1, got 0"),
+                                           (["--arms", "fp32", "bogus"], "unknown arm")])
 def test_bad_options_exit_2_naming_the_value(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as e:
         P.main(["--out", str(tmp_path / "e"), *args])
