@@ -137,10 +137,11 @@ def table(out) -> pd.DataFrame:
 
 
 def read_table(path) -> pd.DataFrame:
-    """The search's table at ``path`` (empty where there is none), validated: its columns are the search's."""
-    path = Path(path)
-    if not path.exists():
+    """The search's table at ``path`` (empty where there is none, or ``path`` is ``None``), validated: its
+    columns are the search's."""
+    if path is None or not Path(path).exists():
         return pd.DataFrame(columns=_COLUMNS)
+    path = Path(path)
     df = pd.read_csv(path)
     if list(df.columns) != _COLUMNS:
         raise ValueError(f"{path} is not the unstable search's table: columns {list(df.columns)}, expected {_COLUMNS}")
@@ -175,7 +176,7 @@ def search(out, *, table_path=None, hours: float | None = None, settings=SETTING
     ``changes``: Config fields every setting's base takes (smaller
     ``steps``/``batch`` for a test)."""
     out = Path(out).expanduser()
-    before = read_table(table_path) if table_path is not None else pd.DataFrame(columns=_COLUMNS)
+    before = read_table(table_path)
     carried = decided(before)
     t0 = time.time()
     for width, depth, lr in settings:
@@ -219,7 +220,7 @@ def merged(out, table_path=None) -> pd.DataFrame:
     """:func:`table` of ``out`` with the rows of the settings the table at
     ``table_path`` decided and ``out`` holds nothing of, carried over as they are, in search order."""
     df = table(out)
-    before = read_table(table_path) if table_path is not None else df.iloc[:0]
+    before = read_table(table_path)
     keep = before[before["setting"].isin(decided(before) - set(df["setting"]))]
     if not len(keep):
         return df
