@@ -6,18 +6,23 @@ batch 2048, Adam with a constant LR 6e-4…3e-3, 7000 steps — from the
 cheapest shape up (a step costs ∝ width² · depth; the LR costs nothing), each
 shape's LRs from the largest down, and asks of each: do ``paper_e4m3`` or
 ``mxfp8_e4m3`` blow up in at least 30 % of at least 8 seeds while FP32 blows
-up in none? Largest LR first because blow-ups grow with the LR: the first LR
-of a shape at which FP32 stays stable is the likeliest to qualify, so the
-search reaches it without first training the shape's stablest settings.
-Each setting is a ``seed`` ensemble (:mod:`mx_proxy.experiments.ensemble`;
-arms ``fp32``, ``paper_e4m3``, ``mxfp8_e4m3``, member i at seed i + 1 in
-every arm) trained in two stages:
+up in none? Largest LR first because blow-ups grow with the LR: the first LR of a shape
+at which FP32 stays stable is the likeliest to qualify, so the search reaches
+it without first training the shape's stablest settings; and a shape whose
+MX arms stay stable at an LR where FP32 does too is taken to be stable at its
+smaller LRs, which are not trained (their rows say ``skipped`` and why). That
+rule is an assumption, not a measurement: it is what makes the search fit a
+CPU (a full walk of all 24 settings would take ~235 h on a 2-core CPU, see
+docs/ensembles.md). Each setting is a ``seed`` ensemble
+(:mod:`mx_proxy.experiments.ensemble`; arms ``fp32``, ``paper_e4m3``,
+``mxfp8_e4m3``, member i at seed i + 1 in every arm) trained in two stages:
 
-1. *screen*: members 0–3 of every arm, FP32's first. FP32 blowing up in
-   any is the LR-driven instability both precisions share: the setting is
-   out, and its MX arms are not trained (their rows say so). No MX blow-up
-   in 4 is out too (a setting whose true rate is 30 % passes this screen
-   with probability 1 − 0.7⁴ ≈ 0.76: the table says so).
+1. *screen*: members 0–3 of every arm, the MX arms' first. No MX blow-up in
+   4 is out (a setting whose true rate is 30 % passes this screen with
+   probability 1 − 0.7⁴ ≈ 0.76: the table says so), and FP32 is not
+   trained. Otherwise FP32's four train: FP32 blowing up in any is the
+   LR-driven instability both precisions share, the setting is out, and
+   the search goes on to the shape's next smaller LR.
 2. *full*: members 4–7 (the same ensemble, extended), then the verdict
    with Clopper–Pearson intervals.
 
@@ -26,10 +31,11 @@ row per arm of the table (``results/unstable_search.csv`` by default), rebuilt
 from the ensembles' exported members after each stage, so the table is the
 honest record, negative results included. The search resumes where it
 stopped (the ensembles' run stores), also across sessions on one machine.
-A setting the table already decided (out, or qualifying) is not trained
-again, even where its run store is gone (a fresh machine, a cleared
+A setting the table already decided (out, qualifying, or skipped) is not
+trained again, even where its run store is gone (a fresh machine, a cleared
 scratch folder): its rows are carried over from the table as they are,
-so a committed table is where the next machine starts.
+so a committed table is where the next machine starts. Members trained
+before the MX-first order (the first two settings, FP32 first) count the same.
 
 Usage::
 
@@ -46,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -58,9 +65,10 @@ from mx_proxy.store import durable
 from mx_proxy.training.config import Config
 
 __all__ = ["SETTINGS", "spec_of", "base_config", "ARMS", "search", "table", "read_table", "decided", "merged",
-           "progress", "SCREEN", "MEMBERS", "RATE"]
+           "progress", "SCREEN", "MEMBERS", "RATE", "MX_ARMS", "parse_setting"]
 
 ARMS = ("fp32", "paper_e4m3", "mxfp8_e4m3")
+MX_ARMS = ARMS[1:]
 SCREEN, MEMBERS, RATE = 4, 8, 0.30
 STEPS = 7000
 _COLUMNS = ["setting", "width", "depth", "lr", "batch", "steps", "arm", "members", "blowups", "p", "low", "high",
@@ -92,19 +100,33 @@ def spec_of(width: int, depth: int, lr: float, **changes) -> _ens.Ensemble:
     return _ens.Ensemble(_label(width, depth, lr), "seed", base, ARMS, MEMBERS, base.steps, checkpoint_every=500)
 
 
-def _verdict(rows: dict, members: int) -> tuple[str, str]:
-    """(stage reached, verdict) from the arms' (blow-ups, members)."""
-    fp32 = rows["fp32"][0]
-    mx = max(rows[a][0] for a in ARMS if a != "fp32")
-    if fp32:
-        skipped = "; MX arms not trained" if not min(rows[a][1] for a in ARMS if a != "fp32") else ""
-        return ("screen" if members <= SCREEN else "full",
-                f"out: FP32 blew up too ({fp32}/{rows['fp32'][1]}: LR-driven){skipped}")
-    if members <= SCREEN:
-        return "screen", ("passes the screen: extend to 8" if mx else
-                          f"out: no MX blow-up in {SCREEN} (a 30 % rate passes with probability 0.76)")
-    ok = any(rows[a][0] >= RATE * rows[a][1] and rows[a][1] >= MEMBERS for a in ARMS if a != "fp32")
-    return "full", "qualifies" if ok else f"out: MX blew up in fewer than {RATE:.0%} of {members}"
+def _verdict(rows: dict) -> tuple[str, str] | None:
+    """(stage reached, verdict) from the arms' (blow-ups, members exported); ``None`` while a stage is unfinished."""
+    (fp32, n32), mx = rows["fp32"], [rows[a] for a in MX_ARMS]
+    mx_k, mx_n = max(k for k, _ in mx), min(n for _, n in mx)
+    stage = "full" if max(n for _, n in rows.values()) > SCREEN else "screen"
+    if fp32 and n32 >= SCREEN:
+        return stage, f"out: FP32 blew up too ({fp32}/{n32}: LR-driven){'; MX arms not trained' if not mx_n else ''}"
+    if mx_n < SCREEN or (mx_k and n32 < SCREEN):
+        return None
+    if mx_n <= SCREEN and not mx_k:
+        return "screen", (f"out: no MX blow-up in {SCREEN} (a 30 % rate passes with probability 0.76)"
+                          f"{'; FP32 not trained' if not n32 else ''}")
+    if max(mx_n, n32) <= SCREEN:
+        return "screen", "passes the screen: extend to 8"
+    if min(mx_n, n32) < MEMBERS:
+        return None
+    ok = any(k >= RATE * n for k, n in mx)
+    return "full", "qualifies" if ok else f"out: MX blew up in fewer than {RATE:.0%} of {MEMBERS}"
+
+
+def _skipped_rows(width: int, depth: int, lr: float, stable_lr: float, **changes) -> list[dict]:
+    """The table's rows of a setting not trained: its shape's MX arms were stable at the larger LR ``stable_lr``."""
+    base = base_config(width, depth, lr, **changes)
+    verdict = f"skipped: no MX blow-up at LR {stable_lr:g} of this shape, and blow-ups grow with the LR"
+    return [{"setting": _label(width, depth, lr), "width": width, "depth": depth, "lr": lr, "batch": base.batch,
+             "steps": base.steps, "arm": arm, "members": 0, "blowups": 0, "p": float("nan"), "low": float("nan"),
+             "high": float("nan"), "first_blowup_at": None, "stage": "skipped", "verdict": verdict} for arm in ARMS]
 
 
 def table(out) -> pd.DataFrame:
@@ -116,11 +138,10 @@ def table(out) -> pd.DataFrame:
         width, depth, lr = res.spec.base.width, res.spec.base.depth, res.spec.base.lr
         t = res.table
         counts = {a: (int(t[t["arm"] == a]["event"].sum()), int((t["arm"] == a).sum())) for a in ARMS}
-        done = min(n for _, n in counts.values())
-        fp32_out = counts["fp32"][0] > 0 and counts["fp32"][1] >= SCREEN  # out before any MX arm trains
-        if not done and not fp32_out:
+        decision = _verdict(counts)
+        if decision is None:  # a stage is still training
             continue
-        stage, verdict = _verdict(counts, done or counts["fp32"][1])
+        stage, verdict = decision
         for arm in ARMS:
             k, n = counts[arm]
             r = stats.rate(k, n) if n else stats.Rate(0, 0, float("nan"), float("nan"), float("nan"))
@@ -150,8 +171,9 @@ def read_table(path) -> pd.DataFrame:
 
 
 def decided(df: pd.DataFrame) -> set[str]:
-    """The settings of table ``df`` whose verdict is final (out, or qualifying)."""
-    final = df["verdict"].astype(str).str.startswith("out") | (df["verdict"] == "qualifies")
+    """The settings of table ``df`` whose verdict is final (out, skipped, or qualifying)."""
+    verdict = df["verdict"].astype(str)
+    final = verdict.str.startswith("out") | verdict.str.startswith("skipped") | (verdict == "qualifies")
     return set(df.loc[final, "setting"])
 
 
@@ -172,42 +194,73 @@ def search(out, *, table_path=None, hours: float | None = None, settings=SETTING
     """Run the search (see the module docstring) in ``out`` until a setting
     qualifies, every setting is decided, or ``hours`` have passed (checked
     between stages); rewrite ``table_path`` after each stage. A setting that
-    ``table_path`` already decided is skipped and its rows are kept.
+    ``table_path`` already decided is skipped and its rows are kept; so is a
+    setting whose shape was stable at a larger LR (rows ``skipped``).
     ``changes``: Config fields every setting's base takes (smaller
     ``steps``/``batch`` for a test)."""
     out = Path(out).expanduser()
-    before = read_table(table_path)
-    carried = decided(before)
+    read_table(table_path)  # refuse a file that is not the search's table before anything trains
     t0 = time.time()
+    stable_at: dict[tuple[int, int], float] = {}  # shape → the LR at which its MX arms stayed stable
+    extra: list[dict] = []  # rows of the settings skipped in this call
+
+    def write() -> pd.DataFrame:
+        return _write(out, table_path, extra)
+
+    def over() -> bool:
+        if hours is not None and time.time() - t0 > hours * 3600:
+            log(f"[unstable search] {hours:g} h spent: stopping; rerun to continue")
+            return True
+        return False
+
+    def settle(name: str, verdict: str, shape: tuple[int, int], lr: float) -> None:
+        log(f"[unstable search] {name}: {verdict}")
+        if "out: FP32 blew up" not in verdict:  # MX stable here: the shape's smaller LRs are too
+            stable_at.setdefault(shape, lr)
+
     for width, depth, lr in settings:
         spec = spec_of(width, depth, lr, **changes)
-        folder = out / spec.name
-        if spec.name in carried and not (folder / "results" / _ens.SPEC_FILE).exists():
-            verdict = _verdict_of(before, spec.name)
-            log(f"[unstable search] {spec.name}: decided in {table_path}: {verdict}")
+        folder, shape = out / spec.name, (width, depth)
+        now = merged(out, table_path, extra)
+        if spec.name in decided(now):  # by its exported members, or carried over from the table
+            verdict = _verdict_of(now, spec.name)
             if verdict == "qualifies":
-                return _write(out, table_path)
+                log(f"[unstable search] {spec.name}: qualifies")
+                return write()
+            if not verdict.startswith("skipped"):
+                settle(spec.name, f"decided: {verdict}", shape, lr)
             continue
-        for upto in (SCREEN, MEMBERS):
-            if hours is not None and time.time() - t0 > hours * 3600:
-                log(f"[unstable search] {hours:g} h spent: stopping; rerun to continue")
-                return _write(out, table_path)
-            if upto == SCREEN:  # FP32's screen first: where it blows up, the table's verdict is out already
-                _ens.prepare(spec, folder)
-                _ens.train_unit(folder, "fp32", tuple(range(SCREEN)), progress=progress)
-                verdict = _verdict_of(_write(out, table_path), spec.name)
-                if verdict is not None and verdict.startswith("out"):
-                    log(f"[unstable search] {spec.name}: {verdict}")
-                    break
-            _ens.run(spec, folder, upto=upto, group_size=SCREEN, progress=progress, log=log)
-            df = _write(out, table_path)
+        if shape in stable_at:
+            extra.extend(_skipped_rows(width, depth, lr, stable_at[shape], **changes))
+            log(f"[unstable search] {spec.name}: {extra[-1]['verdict']}")
+            write()
+            continue
+        if over():
+            return write()
+        _ens.prepare(spec, folder)
+        verdict = None
+        for arm in (*MX_ARMS, "fp32"):  # the screen: FP32 only where an MX arm blew up
+            _ens.train_unit(folder, arm, tuple(range(SCREEN)), progress=progress)
+            df = write()
             verdict = _verdict_of(df, spec.name)
-            log(f"[unstable search] {spec.name}, {upto} members: {verdict}")
-            if verdict == "qualifies":
-                return df
-            if verdict.startswith("out"):
+            if verdict is not None:
                 break
-    return _write(out, table_path)
+        if verdict == "qualifies":  # resumed after its full stage
+            return df
+        if verdict is not None and verdict.startswith("out"):
+            settle(spec.name, verdict, shape, lr)
+            continue
+        log(f"[unstable search] {spec.name}, {SCREEN} members: {verdict or 'extending to 8'}")
+        if over():
+            return write()
+        _ens.run(spec, folder, upto=MEMBERS, group_size=SCREEN, progress=progress, log=log)
+        df = write()
+        verdict = _verdict_of(df, spec.name)
+        if verdict == "qualifies":
+            log(f"[unstable search] {spec.name}, {MEMBERS} members: qualifies")
+            return df
+        settle(spec.name, verdict, shape, lr)
+    return write()
 
 
 def _verdict_of(df: pd.DataFrame, name: str) -> str | None:
@@ -216,24 +269,42 @@ def _verdict_of(df: pd.DataFrame, name: str) -> str | None:
     return mine["verdict"].iloc[0] if len(mine) else None
 
 
-def merged(out, table_path=None) -> pd.DataFrame:
+def merged(out, table_path=None, extra=()) -> pd.DataFrame:
     """:func:`table` of ``out`` with the rows of the settings the table at
-    ``table_path`` decided and ``out`` holds nothing of, carried over as they are, in search order."""
+    ``table_path`` decided and ``out`` holds nothing of, carried over as they
+    are, and the ``extra`` rows (skipped settings) of settings neither holds, in search order."""
     df = table(out)
     before = read_table(table_path)
     keep = before[before["setting"].isin(decided(before) - set(df["setting"]))]
-    if not len(keep):
+    more = pd.DataFrame(list(extra), columns=_COLUMNS)
+    more = more[~more["setting"].isin(set(df["setting"]) | set(keep["setting"]))]
+    parts = [p for p in (df, keep, more) if len(p)]  # an empty frame would turn the text columns' dtype to object
+    if not parts:
         return df
-    df = pd.concat([df, keep], ignore_index=True)
+    df = pd.concat(parts, ignore_index=True)
+    df["first_blowup_at"] = df["first_blowup_at"].astype("Int64")
     key = [_order(int(w), int(d), float(lr)) for w, d, lr in zip(df["width"], df["depth"], df["lr"])]
     return df.iloc[sorted(range(len(df)), key=key.__getitem__)].reset_index(drop=True)
 
 
-def _write(out: Path, table_path) -> pd.DataFrame:
-    df = merged(out, table_path)
+def _write(out: Path, table_path, extra=()) -> pd.DataFrame:
+    df = merged(out, table_path, extra)
     if table_path is not None:
         durable.atomic_write(Path(table_path), lambda p: df.to_csv(p, index=False))
     return df
+
+
+def parse_setting(label: str) -> tuple[int, int, float]:
+    """``(width, depth, lr)`` of a setting's label, e.g. ``"w128-d8-lr0.003"``."""
+    m = re.fullmatch(r"w(\d+)-d(\d+)-lr([0-9.eE+-]+)", label)
+    try:
+        width, depth, lr = int(m[1]), int(m[2]), float(m[3])
+    except (TypeError, ValueError):
+        raise ValueError(f"setting {label!r} is not a label like {_label(*SETTINGS[0])!r} "
+                         f"(w<width>-d<depth>-lr<LR>)") from None
+    if width < 1 or depth < 1 or not lr > 0:
+        raise ValueError(f"setting {label!r}: width and depth must be ≥ 1 and the LR > 0")
+    return width, depth, lr
 
 
 def main(argv=None) -> int:
@@ -243,9 +314,23 @@ def main(argv=None) -> int:
     p.add_argument("--table", default="results/unstable_search.csv", help="the table to rewrite after each stage")
     p.add_argument("--hours", type=float, help="stop (between stages) after this many hours; rerun to continue")
     p.add_argument("--status", action="store_true", help="print the table of what has run, train nothing")
+    p.add_argument("--settings", nargs="+", metavar="LABEL",
+                   help="search only these settings (labels like w128-d8-lr0.003), in search order "
+                        "(default: the Fig. 2 family, all 24)")
+    p.add_argument("--steps", type=int, help=f"fewer steps per member (a test; default {STEPS})")
+    p.add_argument("--batch", type=int, help="a smaller batch (a test; default 2048)")
     args = p.parse_args(argv)
     if args.hours is not None and not args.hours > 0:
         p.error(f"--hours must be > 0, got {args.hours}")
+    for name in ("steps", "batch"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            p.error(f"--{name} must be ≥ 1, got {getattr(args, name)}")
+    try:
+        settings = SETTINGS if args.settings is None else tuple(sorted(
+            dict.fromkeys(parse_setting(s) for s in args.settings), key=lambda s: _order(*s)))
+        read_table(args.table)
+    except ValueError as e:
+        p.error(str(e))
     if args.status:
         done = merged(args.out, args.table)
         print(done.to_string(index=False) if len(done) else "no setting has exported members of every arm yet")
@@ -256,7 +341,8 @@ def main(argv=None) -> int:
                 print("\nsettings started (member-steps and hours counted to all members):")
                 print(now.to_string(index=False))
         return 0
-    df = search(args.out, table_path=args.table, hours=args.hours)
+    changes = {k: getattr(args, k) for k in ("steps", "batch") if getattr(args, k) is not None}
+    df = search(args.out, table_path=args.table, hours=args.hours, settings=settings, **changes)
     print(df.to_string(index=False))
     return 0
 

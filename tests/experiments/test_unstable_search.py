@@ -16,26 +16,42 @@ def test_settings_cover_the_fig2_family_cheapest_shape_first_largest_lr_first():
 
 def test_verdicts_follow_the_stated_rule():
     v = U._verdict
-    assert v({"fp32": (1, 4), "paper_e4m3": (3, 4), "mxfp8_e4m3": (0, 4)}, 4)[1].startswith("out: FP32 blew up")
-    assert v({"fp32": (0, 4), "paper_e4m3": (0, 4), "mxfp8_e4m3": (0, 4)}, 4)[1].startswith("out: no MX blow-up")
-    assert v({"fp32": (0, 4), "paper_e4m3": (1, 4), "mxfp8_e4m3": (0, 4)}, 4) == ("screen", "passes the screen: "
-                                                                                     "extend to 8")
-    assert v({"fp32": (0, 8), "paper_e4m3": (3, 8), "mxfp8_e4m3": (0, 8)}, 8) == ("full", "qualifies")  # 3/8 ≥ 30 %
-    assert v({"fp32": (0, 8), "paper_e4m3": (2, 8), "mxfp8_e4m3": (2, 8)}, 8)[1].startswith("out: MX blew up in fewer")
+
+    def rows(fp32, paper, mxfp8):
+        return {"fp32": fp32, "paper_e4m3": paper, "mxfp8_e4m3": mxfp8}
+
+    assert v(rows((1, 4), (3, 4), (0, 4)))[1].startswith("out: FP32 blew up")
+    assert v(rows((1, 4), (0, 0), (0, 0))) == ("screen", "out: FP32 blew up too (1/4: LR-driven); MX arms not trained")
+    assert v(rows((0, 4), (0, 4), (0, 4))) == ("screen", "out: no MX blow-up in 4 (a 30 % rate passes with "
+                                                         "probability 0.76)")  # the committed rows' verdict
+    assert v(rows((0, 0), (0, 4), (0, 4)))[1].endswith("; FP32 not trained")
+    assert v(rows((0, 0), (0, 4), (0, 0))) is None  # the MX screen half done
+    assert v(rows((0, 0), (1, 4), (0, 4))) is None  # an MX blow-up: FP32's screen decides
+    assert v(rows((0, 4), (1, 4), (0, 4))) == ("screen", "passes the screen: extend to 8")
+    assert v(rows((0, 4), (1, 8), (0, 6))) is None  # the full stage half done
+    assert v(rows((1, 6), (1, 8), (0, 6)))[1] == "out: FP32 blew up too (1/6: LR-driven)"
+    assert v(rows((0, 8), (3, 8), (0, 8))) == ("full", "qualifies")  # 3/8 ≥ 30 %
+    assert v(rows((0, 8), (2, 8), (2, 8)))[1].startswith("out: MX blew up in fewer")
 
 
-def test_a_tiny_setting_is_screened_recorded_and_resumed(tmp_path):
+def test_a_tiny_setting_is_screened_recorded_and_resumed(tmp_path, trained):
+    """No MX blow-up in 30 steps: out at the screen, decided by the MX arms alone; FP32 is not trained."""
     log = []
     kw = dict(settings=[(16, 2, 3e-3)], steps=30, batch=32, progress=False, log=log.append)
     df = U.search(tmp_path / "s", table_path=tmp_path / "t.csv", **kw)
-    assert list(df["arm"]) == list(U.ARMS) and (df["members"] >= U.SCREEN).all()
+    assert list(df["arm"]) == list(U.ARMS) and list(df["members"]) == [0, U.SCREEN, U.SCREEN]
+    assert set(df["verdict"]) == {"out: no MX blow-up in 4 (a 30 % rate passes with probability 0.76); "
+                                  "FP32 not trained"}
+    assert {c.recipe.name for c in trained} == set(U.MX_ARMS)
     assert pd.read_csv(tmp_path / "t.csv")["verdict"].tolist() == df["verdict"].tolist()
+    n = len(trained)
     again = U.search(tmp_path / "s", **kw)  # everything stored: the same table, nothing trained
     pd.testing.assert_frame_equal(again, df)
-    now = U.progress(tmp_path / "s")  # the screen's members exported, the other four not started
+    assert len(trained) == n
+    now = U.progress(tmp_path / "s")  # the MX screen's members exported, nothing else started
     assert list(now["setting"]) == ["w16-d2-lr0.003"] * 3 and list(now["arm"]) == list(U.ARMS)
-    assert (now["done"] == U.SCREEN).all() and (now["member_steps_done"] == U.SCREEN * 30).all()
-    assert (now["member_steps_left"] == (U.MEMBERS - U.SCREEN) * 30).all()
+    assert list(now["done"]) == [0, U.SCREEN, U.SCREEN]
+    assert list(now["member_steps_done"]) == [0, U.SCREEN * 30, U.SCREEN * 30]
 
 
 def test_status_prints_the_table_and_each_started_settings_progress(tmp_path, capsys):
@@ -48,18 +64,28 @@ def test_status_prints_the_table_and_each_started_settings_progress(tmp_path, ca
     assert "settings started" in out and out.count("w16-d2-lr0.003") == 2 * len(U.ARMS)  # table and progress rows
 
 
-def test_a_setting_where_fp32_blows_up_in_its_screen_trains_no_mx_arm(tmp_path, trained):
-    """LR 0.5 at width 16: FP32 blows up in all four screen members, so the setting is out (the LR-driven
-    instability both precisions share) before any MX member trains; the table says so in every arm's row."""
-    kw = dict(settings=[(16, 2, 0.5)], steps=30, batch=32, progress=False, log=lambda _: None)
-    df = U.search(tmp_path / "s", **kw)
-    assert {c.recipe.name for c in trained} == {"fp32"} and len(trained) >= 1
-    assert list(df["arm"]) == list(U.ARMS) and list(df["members"]) == [U.SCREEN, 0, 0]
-    assert df["blowups"].iloc[0] >= 1 and df[["p", "low", "high"]].iloc[1:].isna().all().all()
-    assert set(df["verdict"]) == {f"out: FP32 blew up too ({df['blowups'].iloc[0]}/{U.SCREEN}: LR-driven); "
-                                  f"MX arms not trained"} and set(df["stage"]) == {"screen"}
+def test_a_shape_walks_down_its_lrs_while_fp32_blows_up_and_stops_where_mx_is_stable(tmp_path, trained):
+    """Width 16, LR 0.5: the MX arms blow up in their screen, so FP32's screen trains, and blows up too: out
+    (LR-driven), and the search goes on to the shape's next LR. At LR 3e-3 no MX member blows up: out, FP32 not
+    trained, and the shape's smaller LR is skipped, untrained, its rows saying why."""
+    kw = dict(settings=[(16, 2, 0.5), (16, 2, 3e-3), (16, 2, 1e-3)], steps=30, batch=32, progress=False,
+              log=lambda _: None)
+    df = U.search(tmp_path / "s", table_path=tmp_path / "t.csv", **kw)
+    assert [(c.lr, c.recipe.name) for c in trained if c.lr == 0.5][-1] == (0.5, "fp32")  # FP32 after the MX arms
+    assert {c.lr for c in trained} == {0.5, 3e-3} and {c.recipe.name for c in trained if c.lr == 3e-3} == \
+        set(U.MX_ARMS)
+    assert list(df["setting"]) == [s for s in ("w16-d2-lr0.5", "w16-d2-lr0.003", "w16-d2-lr0.001") for _ in U.ARMS]
+    high, mid, low = (df.iloc[k:k + 3].reset_index(drop=True) for k in (0, 3, 6))
+    assert list(high["members"]) == [U.SCREEN] * 3 and high["blowups"].iloc[0] >= 1 and high["blowups"].iloc[1] >= 1
+    assert set(high["verdict"]) == {f"out: FP32 blew up too ({high['blowups'].iloc[0]}/{U.SCREEN}: LR-driven)"}
+    assert list(mid["members"]) == [0, U.SCREEN, U.SCREEN] and mid["verdict"].iloc[0].endswith("FP32 not trained")
+    assert list(low["members"]) == [0, 0, 0] and set(low["stage"]) == {"skipped"}
+    assert set(low["verdict"]) == {"skipped: no MX blow-up at LR 0.003 of this shape, and blow-ups grow with the LR"}
+    assert low[["p", "low", "high"]].isna().all().all()
+    pd.testing.assert_frame_equal(U.read_table(tmp_path / "t.csv"), df)
     n = len(trained)
-    pd.testing.assert_frame_equal(U.search(tmp_path / "s", **kw), df)  # resumed: decided, nothing trained
+    pd.testing.assert_frame_equal(U.search(tmp_path / "s", table_path=tmp_path / "t.csv", **kw), df)  # resumed
+    pd.testing.assert_frame_equal(U.search(tmp_path / "fresh", table_path=tmp_path / "t.csv", **kw), df)  # carried
     assert len(trained) == n
 
 
@@ -71,11 +97,11 @@ def test_a_setting_the_table_decided_is_not_trained_again_and_its_rows_are_carri
     assert first["verdict"].iloc[0].startswith("out")  # no blow-up in 20 steps: decided at the screen
     trained.clear()
     log = []
-    df = U.search(tmp_path / "new", table_path=tmp_path / "t.csv", settings=[(16, 2, 2e-3), (16, 2, 1e-3)],
+    df = U.search(tmp_path / "new", table_path=tmp_path / "t.csv", settings=[(16, 2, 2e-3), (16, 3, 2e-3)],
                   **dict(kw, log=log.append))
-    assert {c.lr for c in trained} == {1e-3}  # only the undecided setting trained
-    assert any("w16-d2-lr0.002: decided in" in line for line in log)
-    assert list(df["setting"]) == ["w16-d2-lr0.002"] * 3 + ["w16-d2-lr0.001"] * 3  # search order: larger LR first
+    assert {c.depth for c in trained} == {3}  # only the undecided setting trained
+    assert any("w16-d2-lr0.002: decided: out" in line for line in log)
+    assert list(df["setting"]) == ["w16-d2-lr0.002"] * 3 + ["w16-d3-lr0.002"] * 3  # search order: cheaper shape first
     pd.testing.assert_frame_equal(df.iloc[:3].reset_index(drop=True), first)
     pd.testing.assert_frame_equal(U.read_table(tmp_path / "t.csv"), df)
     assert list(U.merged(tmp_path / "new", tmp_path / "t.csv")["setting"]) == list(df["setting"])
@@ -86,3 +112,21 @@ def test_a_table_that_is_not_the_searchs_is_refused(tmp_path):
     with pytest.raises(ValueError, match="not the unstable search's table"):
         U.search(tmp_path / "s", table_path=tmp_path / "t.csv", settings=[(16, 2, 2e-3)], steps=20, batch=32,
                  progress=False, log=lambda _: None)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--settings", "w128-d8"], "setting 'w128-d8' is not a label like 'w128-d4-lr0.003'"),
+    (["--settings", "w0-d4-lr0.003"], "width and depth must be ≥ 1"),
+    (["--steps", "0"], "--steps must be ≥ 1, got 0"),
+    (["--hours", "-1"], "--hours must be > 0, got -1.0"),
+])
+def test_bad_options_exit_with_status_2_naming_the_value(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit) as e:
+        U.main(["--out", str(tmp_path / "s"), "--table", str(tmp_path / "t.csv"), *argv])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
+
+
+def test_setting_labels_round_trip():
+    assert all(U.parse_setting(U._label(*s)) == s for s in U.SETTINGS)
+    assert U.parse_setting("w16-d2-lr6e-4") == (16, 2, 6e-4)

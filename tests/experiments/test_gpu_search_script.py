@@ -1,0 +1,41 @@
+"""``scripts/gpu_search.sh`` end to end at width 16 (on whatever device this is): it starts from the committed
+table, searches, copies the rewritten table into ``$OUT`` and prints the status; a second call trains nothing."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from mx_proxy.experiments import unstable_search as U
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _call(work, out):
+    env = {**os.environ, "OUT": str(out),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    tiny = ["--settings", "w16-d2-lr0.003", "w16-d2-lr0.001", "--steps", "30", "--batch", "32"]
+    return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_search.sh"), "900", str(work), *tiny],
+                          cwd=work.parent, env=env, capture_output=True, text=True, timeout=1200)
+
+
+def test_gpu_search_script_carries_the_committed_table_searches_and_copies_it(tmp_path):
+    out, work = tmp_path / "out", tmp_path / "work"
+    done = _call(work, out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "unstable search exit status 0" in done.stdout and "member-step" in done.stderr  # trained
+    committed = U.read_table(ROOT / "results" / "unstable_search.csv")
+    got = U.read_table(out / "results" / "unstable_search.csv")
+    pd.testing.assert_frame_equal(U.read_table(work / "unstable_search.csv"), got)
+    mine = got[got["setting"].str.startswith("w16-")].reset_index(drop=True)
+    assert list(mine["setting"]) == ["w16-d2-lr0.003"] * 3 + ["w16-d2-lr0.001"] * 3
+    assert mine["verdict"].iloc[0].startswith("out: no MX blow-up") and set(mine["stage"].iloc[3:]) == {"skipped"}
+    carried = got[~got["setting"].str.startswith("w16-")].reset_index(drop=True)
+    pd.testing.assert_frame_equal(carried, committed[committed["setting"].isin(U.decided(committed))]
+                                  .reset_index(drop=True))
+    assert (work / "status.txt").read_text() in done.stdout and "w16-d2-lr0.003" in done.stdout
+    again = _call(work, out)  # everything decided: nothing trained, the same table
+    assert again.returncode == 0 and "member-step/s" not in again.stderr
+    pd.testing.assert_frame_equal(U.read_table(out / "results" / "unstable_search.csv"), got)
