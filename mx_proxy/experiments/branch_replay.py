@@ -22,10 +22,22 @@ exactly as from the paired one, and the control is refused, naming its
 members. ``arms`` appends arms (e.g. ``adam_eps=1e-15``), paired with the
 others member by member.
 
+On another machine (another CPU model, whose bf16-dot summation order
+differs; a GPU) the replay drifts from the recorded run after a few steps,
+and step 3 refuses it. ``new`` makes it a new ensemble instead: the
+committed one's spec (its arms, members, horizon, branch step and base
+config; named after the folder ``new``) branched from this machine's
+replayed state, its own history recorded, every member trained and
+exported into ``new``. Its rates are a second sample of the same question
+from a state that is not the committed one: report it beside it, not
+pooled with it. The replay is paired there whenever the spec has the
+``twin`` control.
+
 Usage::
 
     python -m mx_proxy.experiments.branch_replay --results results/ensembles/fig7-6000 --out ~/fig7 \\
-        [--arms ARM ...] [--group-size 2] [--paired] [--reference results/paper/<label>]
+        [--arms ARM ...] [--group-size 2] [--paired] [--reference results/paper/<label>] \\
+        [--new results/ensembles/fig7-6000-<machine>]
 """
 
 from __future__ import annotations
@@ -54,11 +66,15 @@ def replay_config(spec: _ens.Ensemble, paired: bool = False) -> Config:
     return spec.base if paired or not spec.base.has_paired_run else spec.base.replace(paired_run=False)
 
 
-def link_results(results, out) -> Path:
+def link_results(results, out, *, fresh: bool = False) -> Path:
     """Make ``out/results`` a link to the committed ``results`` folder (validated: it holds an ensemble's
-    spec); an ``out/results`` that exists must already be that link."""
+    spec; ``fresh``: a new ensemble's folder, made where missing); an ``out/results`` that exists must already
+    be that link."""
     results = Path(results).expanduser().resolve()
-    _ens.read_spec(results)
+    if fresh:
+        results.mkdir(parents=True, exist_ok=True)
+    else:
+        _ens.read_spec(results)
     link = Path(out).expanduser() / "results"
     if link.is_symlink() or link.exists():
         if link.resolve() != results:
@@ -70,19 +86,29 @@ def link_results(results, out) -> Path:
 
 
 def continue_ensemble(results, out, *, arms: Iterable[str] = (), paired: bool = False,
-                      group_size: int | None = None, reference=None, progress: bool = True,
+                      group_size: int | None = None, reference=None, new=None, progress: bool = True,
                       log: Callable[[str], None] = print) -> dict[str, list[Run]]:
     """Continue the branch ensemble committed in ``results`` in the folder
-    ``out`` (see the module docstring); returns ``{arm: [member runs]}``."""
+    ``out``, or, with ``new`` (a folder), start its replica there from this
+    machine's replayed state (see the module docstring); returns ``{arm: [member runs]}``."""
     out = Path(out).expanduser()
     spec = _ens.read_spec(results)
     replay_config(spec)  # a branch ensemble, else ValueError before anything is written
-    new = tuple(a for a in arms if a not in spec.arms)
-    if new:
-        spec = dataclasses.replace(spec, arms=spec.arms + new)  # validated by the Ensemble itself
+    more = tuple(a for a in arms if a not in spec.arms)
+    if more:
+        spec = dataclasses.replace(spec, arms=spec.arms + more)  # validated by the Ensemble itself
     if group_size is not None:
         _ens.positive_int("group_size", group_size, 1, _ens.MAX_MEMBERS)
-    link_results(results, out)
+    if new is not None:
+        new = Path(new).expanduser()
+        if new.resolve() == Path(results).expanduser().resolve():
+            raise ValueError(f"--new {new} is the committed ensemble's own folder: give a folder for the new one")
+        if (new / _ens.SPEC_FILE).exists():  # resuming the new ensemble: its spec must be this one
+            _ens.read_spec(new)
+        spec = dataclasses.replace(spec, name=new.name)
+        paired = paired or _ens.TWIN in spec.arms
+        results = new
+    link_results(results, out, fresh=new is not None)
     if not _branch.exists(out / "branch"):
         config = replay_config(spec, paired)
         log(f"[branch replay] {spec.name}: replaying {config.recipe.name}"
@@ -101,10 +127,13 @@ def main(argv=None) -> int:
     p.add_argument("--paired", action="store_true", help="replay the base's FP32 twin too (twice the cost)")
     p.add_argument("--group-size", type=int, help="members trained as one program (default: a whole arm)")
     p.add_argument("--reference", metavar="DIR", help="an exported run to compare the replay's losses with")
+    p.add_argument("--new", metavar="DIR",
+                   help="start a new ensemble in DIR with the committed one's spec, from this machine's replayed "
+                        "state (another CPU model, a GPU: where the replay cannot match the recorded history)")
     args = p.parse_args(argv)
     try:
         continue_ensemble(args.results, args.out, arms=args.arms, paired=args.paired, group_size=args.group_size,
-                          reference=args.reference)
+                          reference=args.reference, new=args.new)
     except ValueError as e:
         p.error(str(e))
     return 0

@@ -60,3 +60,33 @@ def test_a_working_folder_with_other_results_and_a_seed_ensemble_are_refused(com
     with pytest.raises(SystemExit) as e:
         B.main(["--results", str(tmp_path / "s" / "results"), "--out", str(tmp_path / "w2")])
     assert e.value.code == 2 and not (tmp_path / "w2").exists()
+
+
+def test_a_replay_that_drifted_is_refused_and_new_starts_a_replica_from_it(committed, tmp_path, trained):
+    """Another machine's replay differs from the recorded history (played here by altering the history): continuing
+    the committed ensemble is refused; ``new`` trains the same spec from the replayed state (with its twin, for the
+    control) into a new folder, which records its own history, and leaves the committed folder as it was."""
+    results, _ = committed
+    mine = tmp_path / "committed"
+    shutil.copytree(results, mine)
+    hist = pd.read_parquet(mine / E.HISTORY_FILE)
+    hist.loc[hist["step"] == 5, "loss"] *= np.float32(1.0001)
+    hist.to_parquet(mine / E.HISTORY_FILE, index=False)
+    before = sorted(p.relative_to(mine) for p in mine.rglob("*"))
+    with pytest.raises(ValueError, match="loss differs from branch_history.parquet's at step 5"):
+        B.continue_ensemble(mine, tmp_path / "w1", progress=False, log=lambda *_: None)
+    with pytest.raises(ValueError, match="is the committed ensemble's own folder"):
+        B.continue_ensemble(mine, tmp_path / "w2", new=mine, progress=False, log=lambda *_: None)
+    trained.clear()
+    got = B.continue_ensemble(mine, tmp_path / "w2", new=tmp_path / "t-here", progress=False, log=lambda *_: None)
+    assert [(c.recipe.name, c.paired_run) for c in trained][0] == ("paper_e4m3", True)  # the replay, with its twin
+    new = mxp.load_ensemble(tmp_path / "t-here")
+    assert new.spec == E.dataclasses.replace(E.read_spec(mine), name="t-here")
+    assert sorted(p.relative_to(mine) for p in mine.rglob("*")) == before  # nothing written into the committed one
+    replayed = pd.read_parquet(tmp_path / "t-here" / E.HISTORY_FILE)
+    pd.testing.assert_frame_equal(replayed, pd.read_parquet(results / E.HISTORY_FILE))  # this machine's, unaltered
+    old = mxp.load_ensemble(results)
+    assert set(new.runs) == set(old.runs) == {"unchanged", "twin", "fp32"} and set(got) == {"unchanged", "fp32"}
+    for arm in old.runs:  # here the replay is the run: every member as the committed one's
+        for a, b in zip(new.runs[arm], old.runs[arm], strict=True):
+            np.testing.assert_array_equal(a.metrics["loss"], b.metrics["loss"])
