@@ -2,27 +2,19 @@
 it replays the state, trains the replica ensemble into ``$OUT`` and prints its report; a second call trains
 nothing."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
+import gpu_scripts
 import numpy as np
 
 import mx_proxy as mxp
 from mx_proxy.experiments import ensemble as E
 from mx_proxy.experiments import report
 
-ROOT = Path(__file__).resolve().parents[2]
 PARENT = mxp.Config(width=16, depth=2, batch=32, steps=30, lr=3e-3, recipe="paper_e4m3", paired_run=True,
                     diagnostics_every=5, checkpoint_at=(20,))
 
 
 def _call(work, out, results):
-    env = {**os.environ, "OUT": str(out), "NAME": "tiny-gpu", "RESULTS": str(results),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_fig7.sh"), "900", str(work)],
-                          cwd=work.parent, env=env, capture_output=True, text=True, timeout=1200)
+    return gpu_scripts.call("gpu_fig7.sh", 900, work, out, NAME="tiny-gpu", RESULTS=str(results))
 
 
 def test_gpu_fig7_script_replicates_the_committed_ensemble_and_reports(tmp_path):

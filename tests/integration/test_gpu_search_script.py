@@ -1,24 +1,17 @@
 """``scripts/gpu_search.sh`` end to end at width 16 (on whatever device this is): it starts from the committed
 table, searches, copies the rewritten table into ``$OUT`` and prints the status; a second call trains nothing."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
+import gpu_scripts
 import pandas as pd
 
 from mx_proxy.experiments import unstable_search as U
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = gpu_scripts.ROOT
 
 
 def _call(work, out):
-    env = {**os.environ, "OUT": str(out),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     tiny = ["--settings", "w16-d2-lr0.003", "w16-d2-lr0.001", "--steps", "30", "--batch", "32"]
-    return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_search.sh"), "900", str(work), *tiny],
-                          cwd=work.parent, env=env, capture_output=True, text=True, timeout=1200)
+    return gpu_scripts.call("gpu_search.sh", 900, work, out, *tiny)
 
 
 def test_gpu_search_script_carries_the_committed_table_searches_and_copies_it(tmp_path):

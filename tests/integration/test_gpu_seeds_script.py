@@ -1,22 +1,14 @@
 """``scripts/gpu_seeds.sh`` end to end at width 16 (on whatever device this is): it trains the seed ensemble,
 copies its exports into ``$OUT`` and prints the ensemble's report; a second call loads, trains nothing."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
+import gpu_scripts
 
 from mx_proxy.experiments import ensemble_result, report
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _call(work, out):
-    env = {**os.environ, "OUT": str(out),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     tiny = ["--width", "16", "--steps", "30", "--batch", "32", "--members", "2", "--arms", "fp32", "mxfp8_e4m3"]
-    return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_seeds.sh"), "900", str(work), *tiny],
-                          cwd=work.parent, env=env, capture_output=True, text=True, timeout=1200)
+    return gpu_scripts.call("gpu_seeds.sh", 900, work, out, *tiny)
 
 
 def test_gpu_seeds_script_trains_exports_and_reports(tmp_path):
