@@ -3,14 +3,21 @@
 #
 #   scripts/gpu_session.sh [SECONDS]
 #
-# Splits SECONDS (default 520) between the prepared GPU scripts: the Fig. 7 replica ensemble
-# (scripts/gpu_fig7.sh, half), the paper's setting at seeds 1-4 (scripts/gpu_seeds.sh, three tenths) and the
-# search for a cheaper unstable setting (scripts/gpu_search.sh, the rest), each resumable in its own WORK folder
-# under /tmp, each copying what it finished into $OUT (else into the repository). A second call on the same
-# (still warm) machine resumes all three; commit what comes back.
+# Runs the prepared GPU scripts one after another until SECONDS (default 520) have passed, each given the time
+# left: the Fig. 7 replica ensemble (scripts/gpu_fig7.sh), then the paper's setting at seeds 1-4
+# (scripts/gpu_seeds.sh), then the search for a cheaper unstable setting (scripts/gpu_search.sh). Each is
+# resumable in its own WORK folder under /tmp and copies what it finished into $OUT (else into the repository);
+# a unit cut short is lost with the machine, so the time goes to one job at a time rather than split. A second
+# call on the same (still warm) machine resumes where the first stopped; commit what comes back.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-TOTAL="${1:-520}"
-bash scripts/gpu_fig7.sh $(( TOTAL * 5 / 10 )) /tmp/proxy-fig7
-bash scripts/gpu_seeds.sh $(( TOTAL * 3 / 10 )) /tmp/proxy-seeds
-bash scripts/gpu_search.sh $(( TOTAL * 2 / 10 )) /tmp/proxy-search
+END=$(( $(date +%s) + ${1:-520} ))
+for job in "gpu_fig7.sh /tmp/proxy-fig7" "gpu_seeds.sh /tmp/proxy-seeds" "gpu_search.sh /tmp/proxy-search"; do
+  set -- $job
+  LEFT=$(( END - $(date +%s) ))
+  if [ "$LEFT" -lt 30 ]; then
+    echo "gpu session: $1 not started ($LEFT s left)"
+    continue
+  fi
+  bash "scripts/$1" "$LEFT" "$2"
+done
