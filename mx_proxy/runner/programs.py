@@ -8,7 +8,7 @@ cache the wrappers per key:
 - :func:`init`: a run's initial train state and teacher;
 - :func:`single`: ``(segment, val_loss)`` of one run, without a member axis;
 - :func:`twins`: the same for a twin group (:mod:`mx_proxy.training.twins`);
-- :func:`members`: the same over a member axis (a sweep's program group).
+- :func:`members`: the same over a member axis (a sweep's program group), vmapped or not (:func:`vmaps`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from mx_proxy.training import twins as _twins
 from mx_proxy.training.config import Config
 from mx_proxy.training.engine import Dynamic, compiler_options, program_for
 
-__all__ = ["init", "single", "twins", "members", "stack", "shardings"]
+__all__ = ["init", "single", "twins", "members", "vmaps", "stack", "shardings"]
 
 
 def _program(name: str, fn: Callable, key, static_argnames=()) -> CachedProgram:
@@ -55,18 +55,29 @@ def twins(keys: tuple[Config, ...]):
             _program("twins_val_loss", program.val_loss, keys))
 
 
+def vmaps(key: Config, backend: str, devices: int) -> bool:
+    """Whether :func:`members` vmaps the members of ``key`` on ``devices`` devices of ``backend``.
+
+    On a one-device CPU the members run one after another (lax.map), each the single run's very program, so
+    a member equals its single run bit for bit by construction: batched (vmapped) dots and reductions sum in
+    another order for some shapes, and vmap buys a CPU no speed (mx-proxy bench sweep). A controller's cond
+    would also become a select of both branches under vmap, so a controlled run never vmaps. Accelerators and
+    several CPU devices (the member axis sharded over them) vmap the members, except CPU devices with
+    ``dot="bf16"`` (YNNPACK's batched GEMMs); an accelerator's bf16 dots are its tensor cores' GEMMs, batched
+    or not."""
+    if key.controller is not None:
+        return False
+    if backend == "cpu":
+        return devices > 1 and key.dot != "bf16"
+    return True
+
+
 @functools.lru_cache(maxsize=64)
 def members(key: Config, dyn_axes: tuple, teacher_axis):
     """(segment, val_loss) of ``key``'s program over a member axis."""
     program = program_for(key)
     axes = Dynamic(*dyn_axes)
-    # On a one-device CPU the members run one after another (lax.map), each the single run's very program, so
-    # a member equals its single run bit for bit by construction: batched (vmapped) dots and reductions sum in
-    # another order for some shapes, and vmap buys a CPU no speed (mx-proxy bench sweep). A controller's cond
-    # would also become a select of both branches under vmap. Accelerators and several devices (the member
-    # axis sharded over them) vmap the members, except with dot="bf16" (YNNPACK's batched GEMMs).
-    several = jax.default_backend() != "cpu" or jax.device_count() > 1
-    vmapped = several and program.selector is None and key.dot != "bf16"
+    vmapped = vmaps(key, jax.default_backend(), jax.device_count())
 
     def one_by_one(fn, state, dyn, teacher):
         """``fn`` per member, one member after another (lax.map), each running
