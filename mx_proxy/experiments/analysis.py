@@ -185,15 +185,17 @@ def _first_step(m: pd.DataFrame, hot: pd.Series) -> int | None:
 
 def unstable_after(run: Run, step: int = 0, measures: dict | None = None) -> int | None:
     """The first step at or after ``step`` where the run stopped being
-    stable: the engine's ``diverged_at``, else the first 10× blow-up over the
-    recent minimum that starts there (:func:`instability`'s ``blowups``: a
-    run can blow up by orders of magnitude in a few steps, each below the
-    engine's one-step ``spike_factor``, and train on); ``None`` if neither.
-    An intervention's ``step`` leaves out what it inherited from its parent.
-    ``measures``: :func:`instability` of ``run``, if already computed."""
-    if run.diverged_at is not None and run.diverged_at >= step:
-        return run.diverged_at
-    return next((b for b in (measures or instability(run))["blowups"] if b >= step), None)
+    stable: the earlier of the first 10× blow-up over the recent minimum that
+    starts there (:func:`instability`'s ``blowups``: a run can blow up by
+    orders of magnitude in a few steps, each below the engine's one-step
+    ``spike_factor``, and train on, even recover part of the way before it
+    diverges) and the engine's ``diverged_at`` (a non-finite loss, which no
+    10× comparison sees); ``None`` if neither. An intervention's ``step``
+    leaves out what it inherited from its parent. ``measures``:
+    :func:`instability` of ``run``, if already computed."""
+    blowup = next((b for b in (measures or instability(run))["blowups"] if b >= step), None)
+    onsets = [s for s in (blowup, run.diverged_at) if s is not None and s >= step]
+    return min(onsets) if onsets else None
 
 
 def unstable_at(run: Run, measures: dict | None = None) -> int | None:

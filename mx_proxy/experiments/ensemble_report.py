@@ -64,8 +64,9 @@ def _header(result, source: str | None) -> list[str]:
             f"the same for every arm; {s.members} members per arm"
             + (f" ({n_done} exported so far in the least advanced arm)" if n_done < s.members else "")
             + f", each trained {s.horizon} steps" + (f" ({source})" if source else "") + ".", "",
-            f"Blow-up: the engine's divergence, else the first step whose loss exceeds 10× its minimum over the "
-            f"previous {HISTORY} steps; a member without one is censored at its last step.", ""]
+            f"Blow-up: the first step whose loss exceeds 10× its minimum over the previous {HISTORY} steps, or the "
+            f"engine's divergence (a non-finite loss) where that comes first; a member without one is censored at "
+            f"its last step.", ""]
 
 
 def check_parts(parts) -> tuple[str, ...]:

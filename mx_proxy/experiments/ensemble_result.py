@@ -6,9 +6,10 @@ reads one from its results folder.
 
 One rule decides every member's outcome (:func:`outcomes`): a member *blows
 up* at the first step from its start at which it stops being stable,
-:func:`mx_proxy.experiments.analysis.unstable_after`: the engine's divergence
-(a non-finite loss, or one step ``spike_factor``× the previous), else the
-first step whose loss exceeds 10× its minimum over the previous 100 steps
+:func:`mx_proxy.experiments.analysis.unstable_after`: the first step whose
+loss exceeds 10× its minimum over the previous 100 steps, or the engine's
+divergence (a non-finite loss, or one step ``spike_factor``× the previous)
+where that comes first
 (a branch member's window reaches into the state's history: its export keeps
 the 100 steps before the branch). A member without a blow-up is censored at
 its last recorded step (the arm's horizon; a ``twin`` member also where the

@@ -57,9 +57,12 @@ def _name(r: Run, seeds: bool = False) -> str:
 
 
 def _diverged(r: Run, h: dict) -> str:
-    """The engine's divergence (non-finite loss or a one-step spike), else a blow-up, else ``no``."""
+    """The engine's divergence (non-finite loss or a one-step spike), with a blow-up before it, else a blow-up,
+    else ``no``."""
     if r.diverged_at is not None:
-        return f"diverged at step {r.diverged_at}"
+        early = h["blowup_at"] is not None and h["blowup_at"] < r.diverged_at
+        return (f"**blew up at step {h['blowup_at']}**, diverged at step {r.diverged_at}" if early
+                else f"diverged at step {r.diverged_at}")
     if h["blowup_at"] is not None:
         return f"**blew up at step {h['blowup_at']}** (loss up to {h['loss_max']:.3g} at step {h['loss_max_at']})"
     return "no"

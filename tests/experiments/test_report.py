@@ -157,6 +157,22 @@ def test_a_blown_up_run_is_unstable_from_its_blowup_and_reported_so():
     assert analysis.unstable_after(r, 1000) == 1500 and analysis.unstable_after(r, 1501) is None  # from a step on
 
 
+def test_a_run_that_blows_up_recovers_and_diverges_later_is_unstable_from_its_blowup():
+    """The 10× blow-up at 1500 comes first, the engine's divergence (a non-finite loss) at 1900: the onset is the
+    blow-up, and the report names both; a divergence with no blow-up before it is the onset itself."""
+    r = _blown_up()
+    loss = r.metrics["loss"].to_numpy().copy()
+    loss[1510:] = 0.5  # recovered part of the way
+    loss[1900] = np.nan
+    r.metrics["loss"] = loss
+    r = Run(r.config, r.metrics, 1900, info=r.info)
+    assert analysis.unstable_at(r) == 1500 and analysis.unstable_after(r, 1501) == 1900
+    assert analysis.unstable_after(r, 1901) is None
+    assert "**blew up at step 1500**, diverged at step 1900" in report.markdown([r])
+    only = _run(diverged_at=1900)
+    assert analysis.unstable_at(only) == 1900 and "| diverged at step 1900 |" in report.markdown([only])
+
+
 def test_interventions_table_lists_each_child_with_its_outcome():
     parent = _blown_up()
     parent.info["key"] = "parentkey"
