@@ -16,3 +16,9 @@ def call(script: str, seconds: int, work: Path, out: Path, *options: str, cwd: P
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     return subprocess.run(["bash", str(ROOT / "scripts" / script), str(seconds), str(work), *options],
                           cwd=cwd or work.parent, env=env, capture_output=True, text=True, timeout=1200)
+
+
+def assert_trained(done: subprocess.CompletedProcess, what: str) -> None:
+    """The script finished (``<what> exit status 0``) and trained something (a progress bar in its stderr)."""
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"{what} exit status 0" in done.stdout and "member-step" in done.stderr, done.stdout[-3000:]
