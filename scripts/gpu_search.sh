@@ -10,7 +10,7 @@
 # for at most SECONDS (default 480) into WORK (default /tmp/proxy-search); a second call resumes from WORK's
 # run stores. The table is rewritten after each stage and copied to $OUT/results/unstable_search.csv when $OUT
 # is set (the device machine's output folder), else to results/unstable_search.csv; then the search's status
-# (the table, and where each started setting stands) is printed and kept in WORK/status.txt. A stage the time
+# (the table, and where each undecided setting stands) is printed and kept in WORK/status.txt. A stage the time
 # limit cut short is trained again by the next call on a fresh machine: only decided settings are carried.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -43,9 +43,10 @@ Usage::
         [--table results/unstable_search.csv]
     python -m mx_proxy.experiments.unstable_search --out ~/unstable-search --status
 
-``--status`` prints the table and, per setting started, where its ensemble
-stands (:func:`progress`: members exported, checkpointed, member-steps left
-and hours at the measured speed, counted to all 8 members per arm).
+``--status`` prints the table and, per setting started and not decided, where
+its ensemble stands (:func:`progress`: members exported, checkpointed,
+member-steps left and hours at the measured speed, counted to all 8 members
+per arm).
 """
 
 from __future__ import annotations
@@ -335,10 +336,11 @@ def main(argv=None) -> int:
         done = merged(args.out, args.table)
         print(done.to_string(index=False) if len(done) else "no setting has exported members of every arm yet")
         now = progress(args.out)
+        now = now[~now["setting"].isin(decided(done))]  # a decided setting has nothing left to train
         if len(now):
             with pd.option_context("display.width", 200, "display.max_columns", None,
                                    "display.float_format", "{:.4g}".format):
-                print("\nsettings started (member-steps and hours counted to all members):")
+                print("\nsettings in progress (member-steps and hours counted to all members):")
                 print(now.to_string(index=False))
         return 0
     changes = {k: getattr(args, k) for k in ("steps", "batch") if getattr(args, k) is not None}

@@ -3,6 +3,7 @@
 import pandas as pd
 import pytest
 
+from mx_proxy.experiments import ensemble as E
 from mx_proxy.experiments import unstable_search as U
 
 
@@ -54,14 +55,20 @@ def test_a_tiny_setting_is_screened_recorded_and_resumed(tmp_path, trained):
     assert list(now["member_steps_done"]) == [0, U.SCREEN * 30, U.SCREEN * 30]
 
 
-def test_status_prints_the_table_and_each_started_settings_progress(tmp_path, capsys):
+def test_status_prints_the_table_and_the_progress_of_each_undecided_setting(tmp_path, capsys):
     none = ["--table", str(tmp_path / "none.csv")]  # not the committed table, which --status reads by default
     assert U.main(["--out", str(tmp_path / "none"), "--status", *none]) == 0
     assert "no setting has exported members of every arm yet" in capsys.readouterr().out
-    U.search(tmp_path / "s", settings=[(16, 2, 3e-3)], steps=20, batch=32, progress=False, log=lambda _: None)
+    kw = dict(steps=20, batch=32)
+    U.search(tmp_path / "s", settings=[(16, 2, 3e-3)], progress=False, log=lambda _: None, **kw)  # decided: out
+    half = U.spec_of(16, 3, 3e-3, **kw)  # the MX screen half done: paper_e4m3's four members only
+    E.prepare(half, tmp_path / "s" / half.name)
+    E.train_unit(tmp_path / "s" / half.name, "paper_e4m3", tuple(range(U.SCREEN)), progress=False)
     assert U.main(["--out", str(tmp_path / "s"), "--status", *none]) == 0
     out = capsys.readouterr().out
-    assert "settings started" in out and out.count("w16-d2-lr0.003") == 2 * len(U.ARMS)  # table and progress rows
+    table, started = out.split("settings in progress")
+    assert table.count("w16-d2-lr0.003") == len(U.ARMS) and "w16-d3-lr0.003" not in table
+    assert started.count("w16-d3-lr0.003") == len(U.ARMS) and "w16-d2-lr0.003" not in started
 
 
 def test_a_shape_walks_down_its_lrs_while_fp32_blows_up_and_stops_where_mx_is_stable(tmp_path, trained):
