@@ -66,15 +66,11 @@ def replay_config(spec: _ens.Ensemble, paired: bool = False) -> Config:
     return spec.base if paired or not spec.base.has_paired_run else spec.base.replace(paired_run=False)
 
 
-def link_results(results, out, *, fresh: bool = False) -> Path:
+def link_results(results, out) -> Path:
     """Make ``out/results`` a link to the committed ``results`` folder (validated: it holds an ensemble's
-    spec; ``fresh``: a new ensemble's folder, made where missing); an ``out/results`` that exists must already
-    be that link."""
+    spec); an ``out/results`` that exists must already be that link."""
     results = Path(results).expanduser().resolve()
-    if fresh:
-        results.mkdir(parents=True, exist_ok=True)
-    else:
-        _ens.read_spec(results)
+    _ens.read_spec(results)
     link = Path(out).expanduser() / "results"
     if link.is_symlink() or link.exists():
         if link.resolve() != results:
@@ -103,12 +99,11 @@ def continue_ensemble(results, out, *, arms: Iterable[str] = (), paired: bool = 
         new = Path(new).expanduser()
         if new.resolve() == Path(results).expanduser().resolve():
             raise ValueError(f"--new {new} is the committed ensemble's own folder: give a folder for the new one")
-        if (new / _ens.SPEC_FILE).exists():  # resuming the new ensemble: its spec must be this one
-            _ens.read_spec(new)
         spec = dataclasses.replace(spec, name=new.name)
+        _ens.write_spec(spec, new)  # where it holds another ensemble's spec: refused now, not after the replay
         paired = paired or _ens.TWIN in spec.arms
         results = new
-    link_results(results, out, fresh=new is not None)
+    link_results(results, out)
     if not _branch.exists(out / "branch"):
         config = replay_config(spec, paired)
         log(f"[branch replay] {spec.name}: replaying {config.recipe.name}"

@@ -121,13 +121,20 @@ def _verdict(rows: dict) -> tuple[str, str] | None:
     return "full", "qualifies" if ok else f"out: MX blew up in fewer than {RATE:.0%} of {MEMBERS}"
 
 
+def _row(base: Config, arm: str, stage: str, verdict: str, blowups: int = 0, members: int = 0,
+         first_blowup_at: int | None = None) -> dict:
+    """One row of the table: ``arm`` of the setting whose members' base config is ``base``."""
+    r = stats.rate(blowups, members) if members else stats.Rate(0, 0, float("nan"), float("nan"), float("nan"))
+    return {"setting": _label(base.width, base.depth, base.lr), "width": base.width, "depth": base.depth,
+            "lr": base.lr, "batch": base.batch, "steps": base.steps, "arm": arm, "members": members,
+            "blowups": blowups, "p": r.p, "low": r.low, "high": r.high, "first_blowup_at": first_blowup_at,
+            "stage": stage, "verdict": verdict}
+
+
 def _skipped_rows(width: int, depth: int, lr: float, stable_lr: float, **changes) -> list[dict]:
     """The table's rows of a setting not trained: its shape's MX arms were stable at the larger LR ``stable_lr``."""
-    base = base_config(width, depth, lr, **changes)
     verdict = f"skipped: no MX blow-up at LR {stable_lr:g} of this shape, and blow-ups grow with the LR"
-    return [{"setting": _label(width, depth, lr), "width": width, "depth": depth, "lr": lr, "batch": base.batch,
-             "steps": base.steps, "arm": arm, "members": 0, "blowups": 0, "p": float("nan"), "low": float("nan"),
-             "high": float("nan"), "first_blowup_at": None, "stage": "skipped", "verdict": verdict} for arm in ARMS]
+    return [_row(base_config(width, depth, lr, **changes), arm, "skipped", verdict) for arm in ARMS]
 
 
 def table(out) -> pd.DataFrame:
@@ -136,7 +143,6 @@ def table(out) -> pd.DataFrame:
     found = [f for f in Path(out).glob("*") if (f / "results" / _ens.SPEC_FILE).exists()] if Path(out).is_dir() else []
     for folder in found:
         res = ensemble_result.load(folder)
-        width, depth, lr = res.spec.base.width, res.spec.base.depth, res.spec.base.lr
         t = res.table
         counts = {a: (int(t[t["arm"] == a]["event"].sum()), int((t["arm"] == a).sum())) for a in ARMS}
         decision = _verdict(counts)
@@ -145,13 +151,9 @@ def table(out) -> pd.DataFrame:
         stage, verdict = decision
         for arm in ARMS:
             k, n = counts[arm]
-            r = stats.rate(k, n) if n else stats.Rate(0, 0, float("nan"), float("nan"), float("nan"))
             first = t[(t["arm"] == arm) & t["event"]]["blowup_at"]
-            rows.append({"setting": res.spec.name, "width": width, "depth": depth, "lr": lr,
-                         "batch": res.spec.base.batch, "steps": res.spec.horizon, "arm": arm, "members": n,
-                         "blowups": k, "p": r.p, "low": r.low, "high": r.high,
-                         "first_blowup_at": int(first.min()) if len(first) else None, "stage": stage,
-                         "verdict": verdict})
+            rows.append(_row(res.spec.base.replace(steps=res.spec.horizon), arm, stage, verdict, k, n,
+                             int(first.min()) if len(first) else None))
     rows.sort(key=lambda r: _order(r["width"], r["depth"], r["lr"]))  # stable: each setting's arms stay in order
     df = pd.DataFrame(rows, columns=_COLUMNS)
     df["first_blowup_at"] = df["first_blowup_at"].astype("Int64")
@@ -204,9 +206,12 @@ def search(out, *, table_path=None, hours: float | None = None, settings=SETTING
     t0 = time.time()
     stable_at: dict[tuple[int, int], float] = {}  # shape → the LR at which its MX arms stayed stable
     extra: list[dict] = []  # rows of the settings skipped in this call
+    now = merged(out, table_path)  # the table as it stands; only a write (after training or a skip) changes it
 
     def write() -> pd.DataFrame:
-        return _write(out, table_path, extra)
+        nonlocal now
+        now = _write(out, table_path, extra)
+        return now
 
     def over() -> bool:
         if hours is not None and time.time() - t0 > hours * 3600:
@@ -214,22 +219,21 @@ def search(out, *, table_path=None, hours: float | None = None, settings=SETTING
             return True
         return False
 
-    def settle(name: str, verdict: str, shape: tuple[int, int], lr: float) -> None:
-        log(f"[unstable search] {name}: {verdict}")
-        if "out: FP32 blew up" not in verdict:  # MX stable here: the shape's smaller LRs are too
+    def settle(name: str, verdict: str, shape: tuple[int, int], lr: float, how: str = "") -> None:
+        log(f"[unstable search] {name}: {how}{verdict}")
+        if not verdict.startswith("out: FP32 blew up"):  # MX stable here: the shape's smaller LRs are too
             stable_at.setdefault(shape, lr)
 
     for width, depth, lr in settings:
         spec = spec_of(width, depth, lr, **changes)
         folder, shape = out / spec.name, (width, depth)
-        now = merged(out, table_path, extra)
         if spec.name in decided(now):  # by its exported members, or carried over from the table
             verdict = _verdict_of(now, spec.name)
             if verdict == "qualifies":
                 log(f"[unstable search] {spec.name}: qualifies")
                 return write()
             if not verdict.startswith("skipped"):
-                settle(spec.name, f"decided: {verdict}", shape, lr)
+                settle(spec.name, verdict, shape, lr, how="decided: ")
             continue
         if shape in stable_at:
             extra.extend(_skipped_rows(width, depth, lr, stable_at[shape], **changes))

@@ -77,7 +77,12 @@ def test_a_replay_that_drifted_is_refused_and_new_starts_a_replica_from_it(commi
         B.continue_ensemble(mine, tmp_path / "w1", progress=False, log=lambda *_: None)
     with pytest.raises(ValueError, match="is the committed ensemble's own folder"):
         B.continue_ensemble(mine, tmp_path / "w2", new=mine, progress=False, log=lambda *_: None)
+    other = E.dataclasses.replace(E.read_spec(mine), name="elsewhere", horizon=5)
+    E.write_spec(other, tmp_path / "elsewhere")
     trained.clear()
+    with pytest.raises(ValueError, match="holds another ensemble"):  # before any replay step
+        B.continue_ensemble(mine, tmp_path / "w3", new=tmp_path / "elsewhere", progress=False, log=lambda *_: None)
+    assert trained == []
     got = B.continue_ensemble(mine, tmp_path / "w2", new=tmp_path / "t-here", progress=False, log=lambda *_: None)
     assert [(c.recipe.name, c.paired_run) for c in trained][0] == ("paper_e4m3", True)  # the replay, with its twin
     new = mxp.load_ensemble(tmp_path / "t-here")
