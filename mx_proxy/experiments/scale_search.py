@@ -71,6 +71,7 @@ import numpy as np
 from mx_proxy.experiments import scales
 from mx_proxy.numerics import recipe as _recipes  # noqa: E402
 from mx_proxy.runner.loop import train  # noqa: E402
+from mx_proxy.store import durable
 from mx_proxy.training.config import Config  # noqa: E402
 
 # the record lives in the source checkout: <repository>/results/scale_search.csv
@@ -173,23 +174,39 @@ def auto_note(s: dict) -> str:
     return "; ".join(parts)
 
 
-def append_row(row: dict) -> None:
-    new = not os.path.exists(CSV_PATH)
-    if not new:  # columns added since the file was started: rewrite it with the new header, old rows kept
-        with open(CSV_PATH, newline="") as f:
-            reader = csv.DictReader(f)
-            if tuple(reader.fieldnames or ()) != COLUMNS:
-                old = list(reader)
-                with open(CSV_PATH, "w", newline="") as g:
-                    w = csv.DictWriter(g, fieldnames=COLUMNS)
-                    w.writeheader()
-                    for r in old:
-                        w.writerow({k: r.get(k, "") for k in COLUMNS})
-    with open(CSV_PATH, "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        if new:
+def read_rows(path=CSV_PATH) -> list[dict]:
+    """The rows of the search's CSV at ``path`` (none where it does not exist yet), each with every column of
+    :data:`COLUMNS` (empty where its row predates the column). A ValueError names a header column this
+    version does not know, or a row that does not fit the header."""
+    if not os.path.exists(path):
+        return []
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        header = tuple(reader.fieldnames or ())
+        unknown = [c for c in header if c not in COLUMNS]
+        if not header or unknown:
+            raise ValueError(f"{path}: header column(s) {unknown or '(none)'} are not among the search's columns "
+                             f"{', '.join(COLUMNS)}")
+        rows = []
+        for line, r in enumerate(reader, start=2):
+            if None in r or None in r.values():
+                raise ValueError(f"{path}, line {line}: {len(header)} columns in the header, not in this row")
+            rows.append({k: r.get(k, "") for k in COLUMNS})
+    return rows
+
+
+def append_row(row: dict, path=CSV_PATH) -> None:
+    """Append ``row`` (values by column name) to the CSV at ``path``, rewritten whole and atomically: a file
+    started before columns were added gets the new header, its rows kept; a kill leaves the old file."""
+    rows = [*read_rows(path), {k: _fmt(row.get(k)) for k in COLUMNS}]
+
+    def write(tmp):
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=COLUMNS)
             w.writeheader()
-        w.writerow({k: _fmt(row.get(k)) for k in COLUMNS})
+            w.writerows(rows)
+
+    durable.atomic_write(path, write)
 
 
 def show(run, every: int | None = None) -> None:

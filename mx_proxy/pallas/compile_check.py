@@ -258,8 +258,10 @@ def main(argv: list[str] | None = None) -> int:
             bad += 1
             print(f"    !! {v}")
     if args.json:
-        with open(args.json, "w") as f:
+        tmp = f"{args.json}.tmp-{os.getpid()}"  # whole or not at all (this layer sits below mx_proxy.store.durable)
+        with open(tmp, "w") as f:
             json.dump([{"label": lb, **r} for (lb, _), r in zip(unique.values(), reports)], f, indent=1)
+        os.replace(tmp, args.json)
     return 1 if bad else 0
 
 
