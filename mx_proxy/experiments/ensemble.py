@@ -190,7 +190,8 @@ def train_unit(out, arm: str, members=None, *, progress: bool = True, bar=None) 
 
     A member the store does not hold but ``out/results`` has exported (a
     fresh machine, the store gone; results copied back from where they were
-    committed) is done: it is loaded from its export (metrics from
+    committed; or an entry made by other numerics code, which is then neither
+    read nor reported) is done: it is loaded from its export (metrics from
     ``branch_at − 100`` on for a branch member), not trained or exported again."""
     out = Path(out)
     spec = read_spec(out)
@@ -202,9 +203,9 @@ def train_unit(out, arm: str, members=None, *, progress: bool = True, bar=None) 
     st.clean()
     parent = branch.key if branch else None
     keys = {i: member_key(spec, arm, i, parent) for i in members} if branch or spec.kind != "branch" else {}
-    done = {i: r for i in keys if (r := st.load(keys[i])) is not None}
-    exported = {i: r for i in members if i not in done
-                and (r := _exported(spec, arm, i, out / "results")) is not None}
+    exported = {i: r for i in members if (r := _exported(spec, arm, i, out / "results")) is not None}
+    done = {i: r for i in keys if not (i in exported and st.stale(keys[i])) and (r := st.load(keys[i])) is not None}
+    exported = {i: r for i, r in exported.items() if i not in done}
     todo = [i for i in members if i not in done and i not in exported]
     if todo and spec.kind == "branch":
         _check_branch(spec, arm, todo, branch, bdir)

@@ -166,6 +166,14 @@ class Store:
     def has(self, key: str) -> bool:
         return (self.path(key) / "run.json").exists()
 
+    def stale(self, key: str) -> bool:
+        """Whether the entry ``key`` exists and was made by other numerics code (:meth:`load` would report it
+        and return ``None``); read from its ``run.json`` alone, nothing reported."""
+        try:
+            return self.has(key) and files.read_meta(self.path(key))["code_version"] != code_version()
+        except files.EntryError:
+            return False
+
     def keys(self) -> list[str]:
         if not self.root.is_dir():
             return []

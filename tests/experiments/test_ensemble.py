@@ -62,6 +62,32 @@ def test_arms_are_paired_member_by_member(trained):
         np.testing.assert_array_equal(both["ref_loss"].to_numpy(), both["loss"].to_numpy())
 
 
+def test_an_exported_member_whose_store_entry_is_stale_loads_from_its_export_unreported(trained, tmp_path, recwarn):
+    """Resuming under changed numerics code: the export is the member's result, so its stale store entry is neither
+    read nor reported as "training it again"; a current entry is still served from the store, info and all."""
+    import shutil
+
+    from mx_proxy.runner import loop as runner
+    from mx_proxy.store.run_store import Store, StoreWarning
+    spec, out, runs = trained
+    shutil.copytree(out, tmp_path / "e", ignore=shutil.ignore_patterns("checkpoints"))
+    st, parent_key = Store(tmp_path / "e" / "runs"), branch.read(tmp_path / "e" / "branch").key
+    key = E.member_key(spec, "fp32", 0, parent_key)
+    meta = st.path(key) / "run.json"
+    meta.write_text(json.dumps(dict(json.loads(meta.read_text()), code_version="0" * 16)))
+    assert st.stale(key) and not st.stale(E.member_key(spec, "fp32", 1, parent_key)) and not st.stale("0" * 16)
+    log = []
+    runner.hooks.append(log.append)
+    try:
+        got = E.train_unit(tmp_path / "e", "fp32", (0, 1), progress=False)
+    finally:
+        runner.hooks.remove(log.append)
+    assert log == [] and not [w for w in recwarn if issubclass(w.category, StoreWarning)]
+    assert got[0].path == str(tmp_path / "e" / "results" / E.member_label("fp32", 0))  # from its export
+    assert got[1].info["perturbation"] == runs["fp32"][1].info["perturbation"]  # from the store
+    np.testing.assert_array_equal(got[0].metrics["loss"].to_numpy()[-20:], runs["fp32"][0].metrics["loss"][-20:])
+
+
 def test_epsilon_perturbs_every_parameter_by_the_same_z_in_student_and_twin(parent, tmp_path):
     b = branch.read(branch.write(parent, 20, tmp_path / "b"))
     p = branch.perturb(b.state, 1e-2, 5)
