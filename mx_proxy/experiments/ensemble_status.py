@@ -2,7 +2,8 @@
 
 Per arm: members exported (done), members with a checkpoint (their newest
 step; ``training`` while the process that writes it lives, ``interrupted``
-once it is gone: rerunning the command resumes them), member-steps done and
+once it is gone: rerunning the command resumes them; ``waiting`` where some
+members are exported and none of the rest has started), member-steps done and
 left, the measured seconds per member-step (a checkpoint's ``wall_time_s``,
 summed over a resumed member's stretches, over the steps it covers; the
 median over members, per model, a member trained beside its FP32 twin
@@ -74,7 +75,8 @@ def status(out) -> pd.DataFrame:
                 if rate is not None:
                     rates.append(rate / models)
         rows.append({"arm": arm, "models": models, "members": spec.members, "done": done, "with_checkpoint": running,
-                     "state": "done" if done == spec.members else "/".join(sorted(states)) or "not started",
+                     "state": "done" if done == spec.members else "/".join(sorted(states)) or (
+                         "waiting" if done else "not started"),
                      "member_steps_done": steps_done, "member_steps_left": spec.members * spec.horizon - steps_done})
     df = pd.DataFrame(rows)
     rate = float(np.median(rates)) if rates else np.nan  # per model-step: a twin-paired member-step is two

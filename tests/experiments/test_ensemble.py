@@ -151,6 +151,20 @@ def test_an_interrupted_arm_resumes_to_the_uninterrupted_result(trained, parent,
         pd.testing.assert_frame_equal(a.metrics.drop(columns=["val_loss"]), b.metrics.drop(columns=["val_loss"]))
 
 
+def test_status_tells_an_arm_waiting_for_its_next_member_from_one_not_started(trained, tmp_path):
+    import shutil
+
+    spec, out, _ = trained
+    shutil.copytree(out, tmp_path / "e", ignore=shutil.ignore_patterns("runs"))
+    shutil.rmtree(tmp_path / "e" / "results" / E.member_label("fp32", 3))
+    for i in range(spec.members):
+        for arm in ("unchanged", "twin"):
+            shutil.rmtree(tmp_path / "e" / "results" / E.member_label(arm, i))
+    st = ensemble_status.status(tmp_path / "e").set_index("arm")
+    assert st.loc["fp32", "done"] == 3 and st.loc["fp32", "state"] == "waiting"
+    assert st.loc["unchanged", "done"] == 0 and st.loc["unchanged", "state"] == "not started"
+
+
 def test_cli_resumes_the_saved_spec_and_refuses_another(trained, parent, tmp_path, capsys):
     spec, out, _ = trained
     assert cli.main(["ensemble", "--out", str(out), "--quiet"]) == 0  # everything stored: loads and reports
