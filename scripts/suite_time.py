@@ -10,7 +10,9 @@
 Prints one block: the commit, the CPU (model, cores, AVX2/AVX512-BF16/AMX), its measured float32 and bf16
 GEMM speed (2048×512 @ 512×2048, the width-512 batch-2048 step's shape, in GFLOP/s, measured after the
 tests), the wall time of the test command (its install included), and pytest's last line
-(passed/failed/skipped). The compilation cache starts empty (a fresh machine's), as in CI, so two machines'
+(passed/failed/skipped), and the CPU time the command and all its processes used as a share of the wall time
+on this machine's cores: a share well under the core count says the workers waited (on subprocesses, on
+disk), not computed. The compilation cache starts empty (a fresh machine's), as in CI, so two machines'
 times compare: divide by the GEMM speed to see whether a slower suite is a slower CPU or more work. The exit
 status is the test command's.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -53,6 +56,24 @@ for d, s in t.items():
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True,
                          env=dict(env, PROXY_COMPILE_CACHE="off")).stdout
     return {k: float(v) for k, v in (line.split() for line in out.splitlines() if line.strip())}
+
+
+def run_timed(command: str, **kwargs) -> tuple[subprocess.CompletedProcess, float, float]:
+    """Run the shell ``command`` (``subprocess.run`` keyword arguments ``kwargs``); return (the completed
+    process, its wall seconds, the user + system CPU seconds of it and every descendant it waited for)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    proc = subprocess.run(command, shell=True, executable="/bin/bash", capture_output=True, text=True, **kwargs)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return proc, wall, cpu
+
+
+def cpu_share(cpu: float, wall: float, cores: int) -> str:
+    """``cpu`` CPU-seconds over ``wall`` seconds as cores busy, and as a share of the ``cores`` there are."""
+    busy = cpu / wall if wall > 0 else 0.0
+    return f"{busy:.2f} of {cores} cores busy on average ({100 * busy / cores:.0f} %; {cpu / 60:.1f} CPU-min)"
 
 
 def main(argv=None) -> int:
@@ -90,10 +111,7 @@ def main(argv=None) -> int:
     else:
         python = str(where / ".venv" / "bin" / "python")
     try:
-        t = time.perf_counter()
-        proc = subprocess.run(command, shell=True, cwd=where, env=env, executable="/bin/bash",
-                              capture_output=True, text=True)
-        wall = time.perf_counter() - t
+        proc, wall, cpu = run_timed(command, cwd=where, env=env)
         speed = gemm_gflops(python, env)  # after the command: it installed the clone into its venv
     finally:
         shutil.rmtree(cache, ignore_errors=True)
@@ -102,6 +120,7 @@ def main(argv=None) -> int:
     print(f"commit: {commit}\ncpu: {describe()}\n"
           f"gemm 2048x512x2048: f32 {speed['f32']:.0f} GFLOP/s, bf16 {speed['bf16']:.0f} GFLOP/s\n"
           f"README test command ({what}): {wall / 60:.1f} min\n"
+          f"cpu used: {cpu_share(cpu, wall, len(os.sched_getaffinity(0)))}\n"
           f"pytest: {summary[-1].strip('= ') if summary else '(no summary line)'}")
     if log_dir is not None:
         sys.path.insert(0, str(where / "tests"))

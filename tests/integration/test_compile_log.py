@@ -1,6 +1,9 @@
 """tests/compile_log.py: compile-time events added up per test and per program, written per worker, summed;
-scripts/suite_time.py refuses a log folder that an earlier run filled."""
+scripts/suite_time.py refuses a log folder that an earlier run filled and counts the CPU time of every
+process its command starts."""
 
+import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +68,25 @@ def test_suite_time_refuses_a_log_folder_of_an_earlier_run_before_cloning(tmp_pa
     assert done.returncode == 2
     assert f"--compile-log {tmp_path}" in done.stderr and "earlier run" in done.stderr
     assert not (tmp_path / "clone").exists()
+
+
+def _suite_time():
+    path = Path(__file__).resolve().parents[2] / "scripts" / "suite_time.py"
+    spec = importlib.util.spec_from_file_location("suite_time", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_suite_time_counts_the_cpu_of_grandchildren_and_states_it_per_core():
+    """The command's CPU time includes what its own subprocesses computed (a grandchild here, as pytest's
+    workers and their notebook kernels are): at least the CPU time the grandchild measured for itself, at
+    most every core for the whole wall time."""
+    st = _suite_time()
+    burn = "import time\nwhile time.process_time() < 0.3: pass\nprint(time.process_time())"
+    proc, wall, cpu = st.run_timed(f"{sys.executable} -c '{burn}' && true")
+    own = float(proc.stdout)
+    cores = len(os.sched_getaffinity(0))
+    assert proc.returncode == 0 and own >= 0.3
+    assert own <= cpu <= wall * cores + 0.05
+    assert st.cpu_share(300.0, 200.0, 2) == "1.50 of 2 cores busy on average (75 %; 5.0 CPU-min)"
