@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     p.add_argument("--pytest-args", default="", help="extra arguments appended to the README's pytest command")
     args = p.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from mx_proxy.cli.bench.machine import describe
+    from mx_proxy.cli.bench import machine
 
     where = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="suite-time-")) / "clone"
     if where.exists():
@@ -117,10 +117,11 @@ def main(argv=None) -> int:
         shutil.rmtree(cache, ignore_errors=True)
     what = "pytest only, this checkout's venv" if args.reuse_venv else "venv, install, pytest"
     summary = [line for line in proc.stdout.splitlines() if re.search(r"\b(passed|failed|error)", line)]
-    print(f"commit: {commit}\ncpu: {describe()}\n"
+    here = machine.cpu()
+    print(f"commit: {commit}\ncpu: {machine.describe(here)}\n"
           f"gemm 2048x512x2048: f32 {speed['f32']:.0f} GFLOP/s, bf16 {speed['bf16']:.0f} GFLOP/s\n"
           f"README test command ({what}): {wall / 60:.1f} min\n"
-          f"cpu used: {cpu_share(cpu, wall, len(os.sched_getaffinity(0)))}\n"
+          f"cpu used: {cpu_share(cpu, wall, here['cores'])}\n"
           f"pytest: {summary[-1].strip('= ') if summary else '(no summary line)'}")
     if log_dir is not None:
         sys.path.insert(0, str(where / "tests"))

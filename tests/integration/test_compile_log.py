@@ -3,13 +3,14 @@ scripts/suite_time.py refuses a log folder that an earlier run filled and counts
 process its command starts."""
 
 import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+
+from mx_proxy.cli.bench import machine
 
 from compile_log import CompileLog, summary
 
@@ -86,7 +87,7 @@ def test_suite_time_counts_the_cpu_of_grandchildren_and_states_it_per_core():
     burn = "import time\nwhile time.process_time() < 0.3: pass\nprint(time.process_time())"
     proc, wall, cpu = st.run_timed(f"{sys.executable} -c '{burn}' && true")
     own = float(proc.stdout)
-    cores = len(os.sched_getaffinity(0))
+    cores = machine.cpu()["cores"]
     assert proc.returncode == 0 and own >= 0.3
     assert own <= cpu <= wall * cores + 0.05
     assert st.cpu_share(300.0, 200.0, 2) == "1.50 of 2 cores busy on average (75 %; 5.0 CPU-min)"
