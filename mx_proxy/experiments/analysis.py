@@ -19,14 +19,29 @@ from mx_proxy.numerics import recipe_json
 from mx_proxy.training.config import Config
 from mx_proxy.training.result import Run
 
-__all__ = ["instability", "blowup_window", "summary", "clamp_window", "zeta_by_clamping", "paper_metric_table",
-           "unstable_at", "unstable_after", "gain_drift", "headline"]
+__all__ = ["instability", "jump_ratio", "blowup_window", "summary", "clamp_window", "zeta_by_clamping",
+           "paper_metric_table", "unstable_at", "unstable_after", "gain_drift", "headline"]
 
 
 def blowup_window(run: Run) -> int:
     """W, the steps over which :func:`instability` takes the running minimum:
     100, or a tenth of a short run (at least 10)."""
     return max(10, min(100, run.config.steps // 10))
+
+
+def jump_ratio(run: Run) -> np.ndarray:
+    """Each step's loss over the minimum loss of the W steps before it
+    (:func:`blowup_window`), one value per metrics row; 1 for the first W rows
+    (the initial transient). A non-finite loss counts as +inf."""
+    loss = run.metrics["loss"].to_numpy(dtype=float)
+    loss = np.where(np.isfinite(loss), loss, np.inf)
+    w = blowup_window(run)
+    ratio = np.ones_like(loss)
+    if len(loss) > w:
+        recent_min = np.lib.stride_tricks.sliding_window_view(loss[:-1], w).min(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio[w:] = loss[w:] / recent_min
+    return ratio
 
 
 def instability(run: Run, factor: float = 10.0) -> dict:
@@ -42,12 +57,7 @@ def instability(run: Run, factor: float = 10.0) -> dict:
     ``max_jump_at``: the step where it is largest. ``blowups``: the first
     step of each excursion.
     """
-    loss = run.metrics["loss"].to_numpy(dtype=float)
-    loss = np.where(np.isfinite(loss), loss, np.inf)
-    w = blowup_window(run)
-    ratio = np.ones_like(loss)
-    for i in range(w, len(loss)):
-        ratio[i] = loss[i] / loss[i - w:i].min()
+    ratio = jump_ratio(run)
     hot = ratio > factor
     starts = np.flatnonzero(hot & ~np.r_[False, hot[:-1]])
     steps = run.metrics["step"].to_numpy()

@@ -18,10 +18,10 @@ from mx_proxy.experiments.ensemble_spec import results_folder
 
 __all__ = ["markdown", "for_folder", "is_ensemble", "check_parts", "PARTS"]
 
-PARTS = ("rates", "paired", "loss_gap", "signals")
+PARTS = ("rates", "paired", "loss_gap", "signals", "rule")
 """The report's sections, in order (``mx-proxy report FOLDER --only PART …``): P(blow-up) and survival per arm,
-the paired tests against the control, the loss gaps to FP32, the warning signals. The header (the ensemble and
-the blow-up rule) comes with any of them."""
+the paired tests against the control, the loss gaps to FP32, the warning signals, and how the blow-ups depend on
+the rule's factor. The header (the ensemble and the blow-up rule) comes with any of them."""
 
 
 def is_ensemble(folder) -> bool:
@@ -92,6 +92,8 @@ def markdown(result, source: str | None = None, history: pd.DataFrame | None = N
         lines += _loss_gap(result)
     if "signals" in parts:
         lines += _signals(result, history)
+    if "rule" in parts:
+        lines += ([""] if lines[-1] else []) + _rule(result)
     while lines and not lines[-1]:
         lines.pop()
     return "\n".join(lines) + "\n"
@@ -154,6 +156,31 @@ def _signals(result, history) -> list[str]:
             lead = "–" if not math.isfinite(g.lead) else f"{g.lead:.0f}"
             lines.append(f"| {g.label} | {_frac(g.auc_100)} | {_frac(g.auc_500)} | {g.warned} / {g.events} "
                          f"| {lead} |")
+    return lines
+
+
+def _rule(result) -> list[str]:
+    sens = result.sensitivity()
+    if not len(sens):
+        return []
+    factors = list(dict.fromkeys(sens["factor"]))
+    rec = result.recoveries().set_index("arm")
+    spike = result.spec.base.spike_factor
+    lines = [f"The blow-ups again with the rule's factor {ensemble_result.RULE:g} replaced (McNemar p against "
+             f"`{result.control}`, member by member); stopped: the engine's divergence (a non-finite loss, or one "
+             f"step {spike:g}× the previous); recovered: blown up by the rule, not stopped, and its mean loss over "
+             f"its last {ensemble_result.TAIL} steps back within {ensemble_result.RECOVERED:g}× its minimum over "
+             f"the {HISTORY} steps before the blow-up:", "",
+             "| arm | " + " | ".join(f"{f:g}×" + (" (the rule)" if f == ensemble_result.RULE else "")
+                                    for f in factors) + " | stopped | recovered |",
+             "|---|" + "---|" * (len(factors) + 2)]
+    for arm, d in sens.groupby("arm", sort=False):
+        cells = []
+        for r in d.itertuples():
+            cells.append(f"{r.blowups} / {r.members}" + ("" if arm == result.control else f" (p {_p(r.mcnemar_p)})"))
+        n = rec.loc[arm, "members"]
+        cells += [f"{rec.loc[arm, 'diverged']} / {n}", f"{rec.loc[arm, 'recovered']} / {rec.loc[arm, 'blowups']}"]
+        lines.append(f"| {_arm(result, arm)} | " + " | ".join(cells) + " |")
     return lines
 
 

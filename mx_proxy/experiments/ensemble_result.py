@@ -28,7 +28,11 @@ The tables (:class:`EnsembleResult`), each computed by
 - :meth:`~EnsembleResult.loss_gap`: over the members that stayed stable to the horizon, the
   mean loss over the last 100 steps against the FP32 member with the same
   perturbation (the ``twin`` arm, or an ``fp32`` arm), in %, with a
-  bootstrap interval.
+  bootstrap interval;
+- :meth:`~EnsembleResult.sensitivity`: the blow-ups and McNemar's test again
+  with the rule's factor 10 replaced by each of :data:`FACTORS` (does a
+  conclusion hang on the threshold?), and :meth:`~EnsembleResult.recoveries`:
+  per arm, the engine's divergences and the blow-ups the loss came back from.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pandas as pd
 
 from mx_proxy.experiments import analysis, stats
@@ -46,16 +51,24 @@ from mx_proxy.runner import loop as runner
 from mx_proxy.training.config import Config
 from mx_proxy.training.result import Run
 
-__all__ = ["ensemble", "EnsembleResult", "load", "load_member", "outcomes", "TAIL"]
+__all__ = ["ensemble", "EnsembleResult", "load", "load_member", "outcomes", "TAIL", "RULE", "FACTORS", "RECOVERED"]
 
 TAIL = 100  # steps whose mean loss the loss gap compares
+RULE = 10.0
+"""The blow-up rule's factor: a loss above ``RULE`` × its minimum over the previous 100 steps."""
+FACTORS = (5.0, 10.0, 100.0, 1000.0)
+"""The factors :meth:`EnsembleResult.sensitivity` puts in place of :data:`RULE`."""
+RECOVERED = 2.0
+"""A blow-up is recovered from when the mean loss over the member's last ``TAIL`` steps is at most ``RECOVERED``
+× its minimum over the 100 steps before the blow-up."""
 
 
-def outcomes(spec: Ensemble, runs: dict[str, list[Run]]) -> pd.DataFrame:
+def outcomes(spec: Ensemble, runs: dict[str, list[Run]], factor: float = RULE) -> pd.DataFrame:
     """One row per member: ``arm``, ``member``, ``seed`` (its perturbation),
     ``blowup_at`` (step, or NA), ``event``, ``time`` (steps from the start
     to the blow-up, or to the censoring), ``last_step`` and ``tail_loss``
-    (mean loss over its last ``TAIL`` recorded steps)."""
+    (mean loss over its last ``TAIL`` recorded steps). ``factor``: the rule's
+    (:data:`RULE`; :meth:`EnsembleResult.sensitivity` varies it)."""
     rows = []
     for arm in spec.arms:
         for i, r in enumerate(runs.get(arm, [])):
@@ -63,7 +76,7 @@ def outcomes(spec: Ensemble, runs: dict[str, list[Run]]) -> pd.DataFrame:
                 continue
             m = r.metrics[r.metrics["step"] >= spec.start]
             last = int(m["step"].iloc[-1]) if len(m) else spec.start - 1
-            onset = analysis.unstable_after(r, spec.start)
+            onset = analysis.unstable_after(r, spec.start, analysis.instability(r, factor))
             event = onset is not None
             tail = m["loss"].tail(TAIL).to_numpy(dtype=float)
             rows.append({"arm": arm, "member": i, "seed": spec.seeds()[i],
@@ -150,6 +163,57 @@ class EnsembleResult:
                          "only_arm": mc.only_b, "both": mc.both, "neither": mc.neither, "mcnemar_p": mc.pvalue,
                          "logrank": lr.statistic, "logrank_p": lr.pvalue})
         return pd.DataFrame(rows)
+
+    def sensitivity(self, factors=FACTORS) -> pd.DataFrame:
+        """The rule with each of ``factors`` in place of its 10: one row per
+        arm and factor, ``members``, ``blowups``, and McNemar's exact p
+        against the control over the members both have (NaN for the control)."""
+        rows = []
+        for factor in factors:
+            factor = float(factor)
+            if not math.isfinite(factor) or factor <= 1.0:
+                raise ValueError(f"a blow-up factor must be a finite number above 1, got {factor!r}")
+            table = self.table if factor == RULE else outcomes(self.spec, self.runs, factor)
+            control = table[table["arm"] == self.control].set_index("member")
+            for arm in self.spec.arms:
+                a = table[table["arm"] == arm].set_index("member")
+                if not len(a):
+                    continue
+                both = control.index.intersection(a.index)
+                p = (stats.mcnemar(control.loc[both, "event"], a.loc[both, "event"]).pvalue
+                     if arm != self.control and len(both) else math.nan)
+                rows.append({"arm": arm, "factor": factor, "members": len(a), "blowups": int(a["event"].sum()),
+                             "mcnemar_p": p})
+        return pd.DataFrame(rows, columns=["arm", "factor", "members", "blowups", "mcnemar_p"])
+
+    def recoveries(self) -> pd.DataFrame:
+        """Per arm: ``members``, ``blowups`` (the rule), ``diverged`` (the
+        engine stopped the member: a non-finite loss, or one step
+        ``spike_factor``× the previous) and ``recovered``: members that blew up,
+        were not stopped, and whose mean loss over their last ``TAIL`` steps
+        came back to at most :data:`RECOVERED` × their minimum over the 100
+        steps before the blow-up."""
+        rows = []
+        for arm in self.spec.arms:
+            d = self._arm(arm)
+            if not len(d):
+                continue
+            diverged = recovered = 0
+            for m in d.itertuples():
+                run = self.runs[arm][m.member]
+                stopped = run.diverged_at is not None and run.diverged_at >= self.spec.start
+                diverged += stopped
+                if m.event and not stopped:
+                    steps, loss = run.metrics["step"].to_numpy(), run.metrics["loss"].to_numpy(dtype=float)
+                    w = analysis.blowup_window(run)
+                    at = int(np.searchsorted(steps, m.blowup_at))
+                    before = loss[max(0, at - w):at]
+                    tail = loss[len(loss) - min(TAIL, len(loss) - at):]  # after the blow-up only
+                    recovered += bool(len(before) and len(tail) and np.all(np.isfinite(tail))
+                                      and tail.mean() <= RECOVERED * before.min())
+            rows.append({"arm": arm, "members": len(d), "blowups": int(d["event"].sum()), "diverged": diverged,
+                         "recovered": recovered})
+        return pd.DataFrame(rows, columns=["arm", "members", "blowups", "diverged", "recovered"])
 
     def reference_arm(self) -> str | None:
         """The FP32 arm the loss gap compares with: ``twin``, else ``fp32``, else none."""

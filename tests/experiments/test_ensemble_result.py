@@ -121,3 +121,46 @@ def test_gnmr_signal_is_the_controllers_ratio_computed_independently():
         expect_d.append(np.nanmax(delta) if t >= 10 else math.nan)
     np.testing.assert_allclose(f["gnmr"], expect_g, rtol=1e-6)
     np.testing.assert_allclose(f["delta_gnmr"], expect_d, rtol=1e-6)
+
+
+def test_sensitivity_recounts_the_blowups_at_each_factor(result):
+    # unchanged: m0 jumps to 20× its recent minimum, m3 to 15×, m1 is stopped by the engine; the rest stay flat
+    s = result.sensitivity((5, 10, 16, 100)).set_index(["arm", "factor"])
+    assert s.loc["unchanged", "blowups"].tolist() == [3, 3, 2, 1]  # the engine's stop counts at every factor
+    assert (s.loc["fp32", "blowups"] == 0).all() and (s.loc["twin", "members"] == 4).all()
+    # McNemar by hand: k discordant pairs, all one way: p = min(1, 2 · 2^-k)
+    assert s.loc["fp32", "mcnemar_p"].tolist() == pytest.approx([0.25, 0.25, 0.5, 1.0])
+    assert s.loc["unchanged", "mcnemar_p"].isna().all()
+    ten = s.xs(10.0, level="factor")
+    assert ten["blowups"].to_dict() == result.rates().set_index("arm")["blowups"].to_dict()
+    with pytest.raises(ValueError, match="above 1"):
+        result.sensitivity((0.5,))
+
+
+def test_recoveries_count_the_stopped_and_the_blowups_the_loss_came_back_from():
+    spec = E.Ensemble("rec", "branch", BASE, ("unchanged", "fp32"), members=4, horizon=200, branch_at=100,
+                      checkpoint_every=50)
+
+    def run(arm, i, loss, diverged_at=None):
+        m = pd.DataFrame({"step": np.arange(len(loss)), "loss": np.asarray(loss, float)})
+        return Run(spec.config(arm, i), m, diverged_at)
+
+    back, high, late = _flat(), _flat(), _flat()
+    back[150:170], back[170:] = 30.0, 1.9   # blew up, back within 2× of its minimum before (1.0)
+    high[150:170], high[170:] = 30.0, 2.5   # blew up, settled 2.5× above it
+    late[250:] = 40.0                       # blew up 50 steps before the end: its tail is the blow-up
+    runs = {"unchanged": [run("unchanged", 0, back), run("unchanged", 1, high), run("unchanged", 2, late),
+                          run("unchanged", 3, _flat(181), diverged_at=180)],
+            "fp32": [run("fp32", i, _flat()) for i in range(4)]}
+    r = ensemble_result.EnsembleResult(spec, runs).recoveries().set_index("arm")
+    assert r.loc["unchanged", ["members", "blowups", "diverged", "recovered"]].tolist() == [4, 4, 1, 1]
+    assert r.loc["fp32", ["blowups", "diverged", "recovered"]].tolist() == [0, 0, 0]
+
+
+def test_the_report_prints_the_rule_section(result):
+    from mx_proxy.experiments import ensemble_report
+
+    text = ensemble_report.markdown(result, parts=("rule",))
+    row = next(line for line in text.splitlines() if line.startswith("| `fp32` |"))
+    assert row == "| `fp32` | 0 / 4 (p 0.25) | 0 / 4 (p 0.25) | 0 / 4 (p 1.00) | 0 / 4 (p 1.00) | 0 / 4 | 0 / 0 |"
+    assert "| arm | 5× | 10× (the rule) | 100× | 1000× | stopped | recovered |" in text

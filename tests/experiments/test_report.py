@@ -104,7 +104,7 @@ def test_markdown_rejects_results_without_paired_runs(tmp_path):
 
 def test_readme_report_blocks_are_the_reports_of_the_committed_results(monkeypatch):
     monkeypatch.chdir(ROOT)
-    found = [(doc, folder, body) for doc in ("README.md", "docs/campaign.md")
+    found = [(doc, folder, body) for doc in ("README.md", "docs/campaign.md", "docs/ensembles.md")
              for folder, body in report.blocks((ROOT / doc).read_text())]
     assert any(doc == "README.md" for doc, _, _ in found)
     for doc, folder, body in found:
@@ -237,7 +237,7 @@ def test_an_ensembles_report_prints_only_the_parts_asked_for_and_a_block_keeps_t
     assert len(sections) == 1 + 2 * (len(ensemble_report.PARTS) - 1)  # the rates table has no caption
     by_part = dict(zip(ensemble_report.PARTS, [sections[0]] + ["\n\n".join(sections[i:i + 2])
                                                                for i in range(1, len(sections), 2)], strict=True))
-    for parts in (["rates"], ["paired", "rates"], ["loss_gap"], ["signals", "paired"]):
+    for parts in (["rates"], ["paired", "rates"], ["loss_gap"], ["signals", "paired"], ["rule", "rates"]):
         assert cli.main(["report", folder, "--only", *parts]) == 0
         printed = capsys.readouterr().out
         want = [by_part[p] for p in ensemble_report.PARTS if p in parts]
@@ -249,7 +249,7 @@ def test_an_ensembles_report_prints_only_the_parts_asked_for_and_a_block_keeps_t
     assert report.update(doc)
     assert doc.read_text() == f"{marker}\n{report.for_folder(folder, parts=['rates', 'paired'])}{report.END}\n"
     assert report.blocks(doc.read_text())[0][0] == f"{folder} --only rates paired"
-    with pytest.raises(ValueError, match="unknown report part 'bogus'; valid: rates, paired, loss_gap, signals"):
+    with pytest.raises(ValueError, match="unknown report part 'bogus'; valid: rates, paired, loss_gap, signals, rule"):
         ensemble_report.check_parts(["rates", "bogus"])
     with pytest.raises(ValueError, match="'results/medium' is not an ensemble's results folder"):
         report.for_folder("results/medium", parts=["rates"])

@@ -10,6 +10,8 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mx_proxy import Config
 from mx_proxy.experiments import analysis, paper, systems
@@ -115,6 +117,18 @@ def test_instability_finds_slow_blowups_spikes_and_divergence():
     div[-1] = np.inf
     d = analysis.instability(_run(div, diverged_at=199, steps=300))
     assert d["diverged_at"] == 199 and d["spikes"] == 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.one_of(st.floats(1e-4, 1e3), st.just(np.inf), st.just(np.nan), st.just(0.0)), min_size=11,
+                max_size=160))
+def test_jump_ratio_is_each_loss_over_the_minimum_of_the_window_before_it(losses):
+    run = _run(losses)
+    w = analysis.blowup_window(run)
+    loss = [np.float64(x if np.isfinite(x) else np.inf) for x in losses]  # a non-finite loss counts as +inf
+    with np.errstate(divide="ignore", invalid="ignore"):  # the definition, one step at a time
+        expect = [1.0 if i < w else x / min(loss[i - w:i]) for i, x in enumerate(loss)]
+    np.testing.assert_array_equal(analysis.jump_ratio(run), np.asarray(expect, float))
 
 
 def test_summary_names_varying_fields_and_diagnostics():
