@@ -86,12 +86,14 @@ def _status(args) -> int:
 
 
 def write_figures(result: ensemble_result.EnsembleResult, folder, results) -> list[Path]:
-    """Draw ``result``'s survival curves and blow-up rates (the members exported so far) as
-    ``folder/<name>_survival.png`` and ``folder/<name>_blowup_rates.png``, each written atomically (on a full
-    disk: elsewhere, saying that the results are in ``results``); prints and returns the paths."""
+    """Draw ``result``'s survival curves, blow-up rates and members' losses (the members exported so far) as
+    ``folder/<name>_survival.png``, ``folder/<name>_blowup_rates.png`` and ``folder/<name>_loss.png``, each
+    written atomically (on a full disk: elsewhere, saying that the results are in ``results``); prints and
+    returns the paths."""
     Path(folder).mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, fn in (("survival", plots.survival), ("blowup_rates", plots.blowup_rates)):
+    for name, fn in (("survival", plots.survival), ("blowup_rates", plots.blowup_rates),
+                     ("loss", plots.trajectories)):
         path = Path(folder) / f"{result.spec.name}_{name}.png"
         fig = fn(result)
         durable.write_output(path, lambda p, fig=fig: fig.savefig(p, dpi=130, format="png"),

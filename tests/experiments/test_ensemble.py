@@ -117,7 +117,7 @@ def test_exports_report_status_and_figures(trained, tmp_path):
     assert (st["state"] == "done").all() and (st["member_steps_left"] == 0).all()
     exported = pd.read_parquet(out / "results" / E.member_label("fp32", 0) / "metrics.parquet")
     assert exported["step"].iloc[0] == 0 and exported["step"].iloc[-1] == 39  # from branch_at - HISTORY (clipped)
-    for fn in (plots.survival, plots.blowup_rates):
+    for fn in (plots.survival, plots.blowup_rates, plots.trajectories):
         fn(res).savefig(tmp_path / f"{fn.__name__}.png")
         assert (tmp_path / f"{fn.__name__}.png").stat().st_size > 5000
 

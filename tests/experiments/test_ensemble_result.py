@@ -164,3 +164,24 @@ def test_the_report_prints_the_rule_section(result):
     row = next(line for line in text.splitlines() if line.startswith("| `fp32` |"))
     assert row == "| `fp32` | 0 / 4 (p 0.25) | 0 / 4 (p 0.25) | 0 / 4 (p 1.00) | 0 / 4 (p 1.00) | 0 / 4 | 0 / 0 |"
     assert "| arm | 5× | 10× (the rule) | 100× | 1000× | stopped | recovered |" in text
+
+
+def test_trajectories_mark_each_members_blowup_and_stop_where_the_table_has_them(result):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from mx_proxy.viz import plots
+
+    fig = plots.trajectories(result)
+    panels = {ax.get_title(): ax for ax in fig.axes if ax.get_visible()}
+    assert set(panels) == {"unchanged: 3/4 blew up", "twin: 0/4 blew up", "fp32: 0/4 blew up"}
+
+    def marks(ax, marker):
+        return sorted(float(line.get_xdata()[0]) for line in ax.lines if line.get_marker() == marker)
+
+    unchanged = panels["unchanged: 3/4 blew up"]
+    t = result.table[result.table["event"] & (result.table["arm"] == "unchanged")]
+    assert marks(unchanged, "x") == sorted(float(b - SPEC.start) for b in t["blowup_at"])  # 150, 180, 290
+    assert marks(unchanged, "s") == [180.0 - SPEC.start]  # the engine's stop, at its last finite loss
+    assert marks(panels["fp32: 0/4 blew up"], "x") == []
+    plots.plt.close(fig)

@@ -212,7 +212,7 @@ def test_cli_report_draws_a_committed_ensembles_figures_and_refuses_a_campaigns(
     printed = capsys.readouterr().out
     assert printed.startswith(report.for_folder(folder))
     spec = ensemble_result.load(folder).spec
-    for name in ("survival", "blowup_rates"):
+    for name in ("survival", "blowup_rates", "loss"):
         path = tmp_path / "figs" / f"{spec.name}_{name}.png"
         assert f"figure: {path}" in printed
         with Image.open(path) as im:

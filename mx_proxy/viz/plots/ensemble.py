@@ -1,11 +1,13 @@
-"""Ensemble figures: survival curves per arm with their bands, P(blow-up) per arm with its interval."""
+"""Ensemble figures: survival curves per arm with their bands, P(blow-up) per arm with its interval, and every
+member's loss per arm with its blow-up marked."""
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 
-__all__ = ["survival", "blowup_rates", "arm_style"]
+__all__ = ["survival", "blowup_rates", "trajectories", "arm_style"]
 
 # distinct colour-blind-safe colours (Okabe & Ito) by arm position; the FP32 twin is black and dashed
 _ARM_COLOURS = ("#0072B2", "#D55E00", "#009E73", "#E69F00", "#CC79A7", "#56B4E9", "#999999", "#882255", "#117733")
@@ -73,4 +75,56 @@ def blowup_rates(result, ax=None):
     ax.set_xlabel(f"P(blow-up within {result.spec.horizon} steps), 95 % Clopper–Pearson interval")
     ax.set_title(_title(result), fontsize=9)
     ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
+def trajectories(result, cols: int = 3):
+    """Every exported member's training loss against steps from the
+    ensemble's start (a branch member's from the 100 steps of history its
+    export keeps), one panel per arm on one log scale; member i has the same
+    colour in every panel (the arms' members are paired: same perturbation),
+    its blow-up by the report's rule is a cross, a stop by the engine a
+    square. What the rates count, member by member."""
+    arms = [a for a in result.spec.arms if any(r is not None for r in result.runs.get(a, []))]
+    if not arms:
+        raise ValueError(f"ensemble {result.spec.name!r} has no exported member to draw")
+    cols = max(1, min(cols, len(arms)))
+    rows = -(-len(arms) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.9 * rows + 0.6), sharex=True, sharey=True,
+                             layout="constrained", squeeze=False)
+    start, members = result.spec.start, result.spec.members
+    palette = plt.get_cmap("viridis")(np.linspace(0.0, 0.9, max(members, 2)))
+    table = result.table.set_index(["arm", "member"])
+    for ax, arm in zip(axes.flat, arms, strict=False):
+        blew = 0
+        for i, run in enumerate(result.runs[arm]):
+            if run is None:
+                continue
+            m = run.metrics
+            x = m["step"].to_numpy() - start
+            y = m["loss"].to_numpy(dtype=float)
+            ok = np.isfinite(y) & (y > 0)
+            ax.plot(x[ok], y[ok], color=palette[i], lw=0.7, alpha=0.85)
+            at = table.loc[(arm, i), "blowup_at"]
+            if not pd.isna(at):
+                blew += 1
+                j = int(np.searchsorted(m["step"].to_numpy(), int(at)))
+                if j < len(y) and np.isfinite(y[j]):
+                    ax.plot(x[j], y[j], "x", color=palette[i], ms=8, mew=2)
+            if run.diverged_at is not None and run.diverged_at >= start and ok.any():
+                last = np.flatnonzero(ok)[-1]
+                ax.plot(x[last], y[last], "s", mfc="none", color=palette[i], ms=7, mew=1.5)
+        n = sum(r is not None for r in result.runs[arm])
+        ax.set_title(f"{arm}: {blew}/{n} blew up", fontsize=9, color=arm_style(result, arm)["color"])
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        if start:
+            ax.axvline(0, color="0.5", lw=0.8, ls=":")
+    for ax in axes.flat[len(arms):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel(f"steps after {'the branch' if result.spec.kind == 'branch' else 'the start'}")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("training loss")
+    fig.suptitle(_title(result) + "; × blow-up, □ stopped by the engine", fontsize=9)
     return fig
