@@ -253,6 +253,10 @@ def load(folder, confidence: float = 0.95) -> EnsembleResult:
     return EnsembleResult(spec, runs, confidence)
 
 
+def _quiet(*_args) -> None:
+    pass
+
+
 def _default_name(base: Config, kind: str, branch_at: int | None) -> str:
     where = f"-at{branch_at}" if kind == "branch" else ""
     return f"{base.recipe.name}-w{base.width}-s{base.seed}-{kind}{where}"
@@ -276,6 +280,9 @@ def ensemble(source, *, arms, members: int, horizon: int, branch_at: int | None 
         an interrupted ensemble resumes there.
       jobs, group_size: worker processes, and members per unit of work
         (:func:`mx_proxy.experiments.ensemble.run`).
+      progress: progress bars and a line per finished unit; ``False`` trains
+        silently (a notebook's output then stays the same when a rerun loads
+        the members instead of training them).
       Other arguments: see :class:`mx_proxy.experiments.ensemble.Ensemble`.
 
     Example::
@@ -306,5 +313,5 @@ def ensemble(source, *, arms, members: int, horizon: int, branch_at: int | None 
                     branch_at=branch_at, epsilon=epsilon, first_seed=first_seed, diagnostics_every=diagnostics_every,
                     checkpoint_every=checkpoint_every)
     _ens.run(spec, out, source=source if kind == "branch" else None, jobs=jobs, group_size=group_size,
-             progress=progress)
+             progress=progress, log=print if progress else _quiet)
     return load(f"{out}/results")

@@ -200,13 +200,18 @@ def test_spec_round_trips_through_json(parent):
     assert spec.config("unchanged", 0).paired_run and not spec.config("fp32", 0).paired_run
 
 
-def test_seed_ensemble_members_differ_in_init_and_data(tmp_path):
+def test_seed_ensemble_members_differ_in_init_and_data(tmp_path, capsys):
     base = mxp.Config(width=16, depth=2, batch=32, steps=20, lr=3e-3, diagnostics_every=5)
     res = mxp.ensemble(base, kind="seed", arms=["fp32", "mxfp8_e4m3"], members=2, horizon=20, out=tmp_path,
                        checkpoint_every=10, progress=False)
     for arm in ("fp32", "mxfp8_e4m3"):
         assert [(r.config.seed, r.config.data_seed) for r in res.runs[arm]] == [(1, 1), (2, 2)]
     assert len(res.loss_gap()) == 1 and res.loss_gap()["reference"].iloc[0] == "fp32"
+    assert capsys.readouterr().out == ""  # progress=False: silent, so a notebook's rerun prints what its run did
+    again = mxp.ensemble(base, kind="seed", arms=["fp32", "mxfp8_e4m3"], members=2, horizon=20, out=tmp_path,
+                         checkpoint_every=10)
+    assert again.table.equals(res.table)
+    assert capsys.readouterr().out.count(" done (") == 2  # with progress: a line per unit (here: loaded)
 
 
 def test_units_split_arms_into_member_chunks_chunk_first(parent):
