@@ -123,6 +123,15 @@ def _paired(result) -> list[str]:
             lines.append(f"| {_arm(result, t.arm)} | {t.pairs} | {t.only_control} / {t.only_arm} / {t.both} / "
                          f"{t.neither} | {_p(t.mcnemar_p)} | {_frac(t.logrank)} | {_p(t.logrank_p)} |")
         lines.append("")
+    omnibus = result.all_arms_test()
+    if omnibus is not None and len(omnibus[0]) > 2:
+        arms, q = omnibus
+        aside = " (`twin` aside: it continues another state)" if TWIN in result.spec.arms else ""
+        how = ("every within-member permutation counted" if q.exact
+               else "9999 within-member permutations of the arms' outcomes, seeded")
+        lines += [f"All {len(arms)} arms at once{aside}, over the {q.members} member{'s' * (q.members > 1)} each "
+                  f"has: Cochran's Q = "
+                  f"{q.statistic:.2f}, p = {_p(q.pvalue)} ({how}).", ""]
     return lines
 
 

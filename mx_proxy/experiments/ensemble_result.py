@@ -24,7 +24,8 @@ The tables (:class:`EnsembleResult`), each computed by
   with its band;
 - :meth:`~EnsembleResult.paired_tests`: each arm against the control (the
   first arm), member by member (same perturbation): McNemar's exact test
-  and the log-rank test;
+  and the log-rank test; :meth:`~EnsembleResult.all_arms_test`: every arm at
+  once (the ``twin`` aside), Cochran's Q;
 - :meth:`~EnsembleResult.loss_gap`: over the members that stayed stable to the horizon, the
   mean loss over the last 100 steps against the FP32 member with the same
   perturbation (the ``twin`` arm, or an ``fp32`` arm), in %, with a
@@ -163,6 +164,24 @@ class EnsembleResult:
                          "only_arm": mc.only_b, "both": mc.both, "neither": mc.neither, "mcnemar_p": mc.pvalue,
                          "logrank": lr.statistic, "logrank_p": lr.pvalue})
         return pd.DataFrame(rows)
+
+    def all_arms_test(self, seed: int = 0) -> tuple[tuple[str, ...], stats.CochranQ] | None:
+        """Whether the arms differ at all: Cochran's Q over the members every
+        arm has exported, with its permutation p-value
+        (:func:`~mx_proxy.experiments.stats.cochran_q`; ``seed`` fixes the
+        sampled permutations). The ``twin`` arm is left out: it continues
+        another state (the FP32 run's), where every other arm continues the
+        same one. Returns ``(arms, result)``, or ``None`` with fewer than two
+        such arms or no member they all have."""
+        arms = [a for a in self.spec.arms if a != TWIN and len(self._arm(a))]
+        if len(arms) < 2:
+            return None
+        events = {a: self._arm(a).set_index("member")["event"] for a in arms}
+        members = sorted(set.intersection(*(set(e.index) for e in events.values())))
+        if not members:
+            return None
+        table = np.column_stack([events[a].loc[members].to_numpy(dtype=bool) for a in arms])
+        return tuple(arms), stats.cochran_q(table, seed=seed)
 
     def sensitivity(self, factors=FACTORS) -> pd.DataFrame:
         """The rule with each of ``factors`` in place of its 10: one row per

@@ -9,6 +9,9 @@ Every function wraps ``scipy.stats`` (none re-derives a formula scipy has):
 - :func:`mcnemar`: McNemar's exact test on paired binary outcomes (a
   two-sided binomial test on the discordant pairs);
 - :func:`logrank`: the log-rank test of two survival samples;
+- :func:`cochran_q`: Cochran's Q test that several paired binary outcomes
+  share one rate, its p-value by permuting each member's outcomes across the
+  arms (``scipy.stats.permutation_test``);
 - :func:`bootstrap_mean`: a mean with a bootstrap (BCa) interval,
   reproducible from its seed;
 - :func:`auc`: the area under the ROC curve of a score for a binary label
@@ -20,6 +23,7 @@ Times are in training steps; an event time ``t`` with ``event=False`` means
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -37,8 +41,8 @@ def _st():
 
     return stats
 
-__all__ = ["Rate", "rate", "survival", "mcnemar", "McNemar", "logrank", "LogRank", "bootstrap_mean", "Estimate",
-           "auc"]
+__all__ = ["Rate", "rate", "survival", "mcnemar", "McNemar", "logrank", "LogRank", "cochran_q", "CochranQ",
+           "bootstrap_mean", "Estimate", "auc"]
 
 
 class Rate(NamedTuple):
@@ -70,6 +74,19 @@ class LogRank(NamedTuple):
 
     statistic: float
     pvalue: float
+
+
+class CochranQ(NamedTuple):
+    """Cochran's Q over ``members`` × ``arms`` paired binary outcomes: the
+    ``statistic`` and its ``pvalue`` (one-sided: large Q, unequal rates);
+    ``exact``: every within-member permutation was counted, else a random
+    sample of them."""
+
+    statistic: float
+    pvalue: float
+    members: int
+    arms: int
+    exact: bool
 
 
 class Estimate(NamedTuple):
@@ -168,6 +185,45 @@ def logrank(times_a, events_a, times_b, events_b) -> LogRank:
         return LogRank(float("nan"), float("nan"))
     res = _st().logrank(_censored(ta, ea), _censored(tb, eb))
     return LogRank(float(res.statistic), float(res.pvalue))
+
+
+def _q(*arms, axis=-1):
+    """Cochran's Q of paired binary outcomes, one sample per arm (vectorized over leading axes)."""
+    m = np.stack([np.moveaxis(a, axis, -1) for a in arms], axis=-1)  # (..., members, arms)
+    k = m.shape[-1]
+    col, row = m.sum(axis=-2), m.sum(axis=-1)
+    total = row.sum(axis=-1)
+    num = (k - 1) * (k * np.square(col).sum(axis=-1) - np.square(total))
+    den = k * total - np.square(row).sum(axis=-1)
+    return np.where(den > 0, num / np.where(den > 0, den, 1), 0.0)
+
+
+def cochran_q(outcomes, seed: int = 0, resamples: int = 9999) -> CochranQ:
+    """Cochran's Q test that k arms have one rate, over paired binary
+    outcomes ``outcomes[i, j]`` (member ``i`` of arm ``j``; each member saw
+    the same perturbation in every arm). Q = (k−1)(k·ΣC_j² − T²) / (k·T − ΣR_i²)
+    with C_j the arms' and R_i the members' totals; its p-value comes from
+    permuting each member's outcomes across the arms
+    (``scipy.stats.permutation_test``, ``permutation_type="samples"``): exact
+    when there are at most ``resamples`` distinct permutations, else
+    ``resamples`` random ones drawn from ``seed``. Members whose outcome is
+    the same in every arm carry no information (Q = 0, p = 1 with no other)."""
+    x = np.asarray(outcomes)
+    if x.ndim != 2 or x.shape[0] < 1 or x.shape[1] < 2:
+        raise ValueError(f"cochran_q needs a (members, arms) table with at least 1 member and 2 arms, got shape "
+                         f"{x.shape}")
+    if x.dtype != bool and not np.isin(x, (0, 1)).all():
+        raise ValueError(f"cochran_q needs binary outcomes (bool, or 0 and 1), got {np.unique(x).tolist()}")
+    x = x.astype(float)
+    n, k = x.shape
+    exact = math.factorial(k) ** n <= resamples
+    if not np.any((x.sum(axis=1) > 0) & (x.sum(axis=1) < k)):
+        return CochranQ(0.0, 1.0, n, k, True)
+    if n == 1:  # one member: every permutation of its outcomes gives the same Q
+        return CochranQ(float(_q(*x.T)), 1.0, n, k, True)
+    res = _st().permutation_test(tuple(x.T), _q, permutation_type="samples", vectorized=True, n_resamples=resamples,
+                                 alternative="greater", rng=np.random.default_rng(seed))
+    return CochranQ(float(res.statistic), float(res.pvalue), n, k, exact)
 
 
 def bootstrap_mean(x, confidence: float = 0.95, seed: int = 0, resamples: int = 9999) -> Estimate:

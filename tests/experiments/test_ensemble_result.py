@@ -185,3 +185,28 @@ def test_trajectories_mark_each_members_blowup_and_stop_where_the_table_has_them
     assert marks(unchanged, "s") == [180.0 - SPEC.start]  # the engine's stop, at its last finite loss
     assert marks(panels["fp32: 0/4 blew up"], "x") == []
     plots.plt.close(fig)
+
+
+def test_all_arms_test_is_cochrans_q_over_the_members_every_arm_has(result):
+    arms, q = result.all_arms_test()  # the twin continues another state: left out
+    assert arms == ("unchanged", "fp32") and (q.members, q.arms) == (4, 2)
+    assert q.statistic == pytest.approx(3.0) and q.pvalue == pytest.approx(0.25)  # McNemar's, 3 discordant pairs
+    spec = E.Ensemble("three", "branch", BASE, ("unchanged", "fp32", "rceil"), members=4, horizon=200, branch_at=100,
+                      checkpoint_every=50)
+    blew = {"unchanged": (0, 1), "fp32": (1,), "rceil": (0, 1, 2)}
+    runs = {}
+    for arm, members in blew.items():
+        runs[arm] = []
+        for i in range(4 if arm != "rceil" else 3):  # rceil's member 3 not exported yet
+            loss = _flat()
+            if i in members:
+                loss[150:] = 50.0
+            runs[arm].append(Run(spec.config(arm, i), pd.DataFrame({"step": np.arange(300), "loss": loss}), None))
+        runs[arm] += [None] * (4 - len(runs[arm]))
+    arms, q = ensemble_result.EnsembleResult(spec, runs).all_arms_test()
+    table = [[1, 0, 1], [1, 1, 1], [0, 0, 1]]  # members 0-2 (all three arms have them): blew up or not
+    assert arms == ("unchanged", "fp32", "rceil") and q == stats.cochran_q(table)
+    from mx_proxy.experiments import ensemble_report
+
+    text = ensemble_report.markdown(ensemble_result.EnsembleResult(spec, runs), parts=("paired",))
+    assert f"All 3 arms at once, over the 3 members each has: Cochran's Q = {q.statistic:.2f}" in text

@@ -1,5 +1,6 @@
 """The ensemble statistics against independent computations on data made for the test."""
 
+import itertools
 import math
 
 import numpy as np
@@ -114,6 +115,61 @@ def test_mcnemar_is_the_exact_binomial_on_discordant_pairs(a, b):
     assert (res.only_a, res.only_b, res.both, res.neither) == (only_a, only_b, int((a & b).sum()),
                                                                 int((~a & ~b).sum()))
     assert res.pvalue == pytest.approx(_mcnemar_exact(only_a, only_b), rel=1e-12)
+
+
+def _cochran_q_deviations(x):
+    """Cochran's Q in its other textbook form: k(k−1)·Σ_j (C_j − C̄)² / Σ_i R_i (k − R_i)."""
+    x = np.asarray(x, float)
+    k = x.shape[1]
+    col, row = x.sum(axis=0), x.sum(axis=1)
+    return k * (k - 1) * float(np.sum((col - col.mean()) ** 2)) / float(np.sum(row * (k - row)))
+
+
+def _cochran_exact_p(x):
+    """P(Q ≥ the observed Q) over every within-member permutation of the arms' outcomes, enumerated."""
+    x = np.asarray(x, float)
+    observed = _cochran_q_deviations(x)
+    orders = list(itertools.permutations(range(x.shape[1])))
+    hits = total = 0
+    for choice in itertools.product(orders, repeat=len(x)):
+        y = np.array([row[list(o)] for row, o in zip(x, choice, strict=True)])
+        hits += _cochran_q_deviations(y) >= observed - 1e-9
+        total += 1
+    return hits / total
+
+
+@pytest.mark.parametrize("table", [
+    [[1, 0, 0], [1, 1, 0], [1, 0, 0], [0, 0, 1]],
+    [[1, 0, 0], [1, 0, 0], [1, 1, 0], [1, 0, 1]],
+    [[0, 1, 1, 0], [0, 1, 0, 0]],  # 4 arms: 24² permutations, still all counted
+])
+def test_cochran_q_is_the_textbook_statistic_with_its_exact_permutation_p(table):
+    res = stats.cochran_q(table)
+    assert res.exact and (res.members, res.arms) == np.shape(table)
+    assert res.statistic == pytest.approx(_cochran_q_deviations(table), rel=1e-12)
+    assert res.pvalue == pytest.approx(_cochran_exact_p(table), rel=1e-12)
+
+
+@pytest.mark.parametrize("a,b", [([1, 1, 1, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 1]),
+                                 ([1, 0, 1, 0, 1, 1, 0, 0], [1, 1, 0, 0, 1, 0, 0, 1])])
+def test_cochran_q_of_two_arms_is_mcnemars_test(a, b):
+    q = stats.cochran_q(np.column_stack([a, b]).astype(bool))
+    mc = stats.mcnemar(a, b)
+    assert q.statistic == pytest.approx((mc.only_a - mc.only_b) ** 2 / (mc.only_a + mc.only_b))
+    assert q.pvalue == pytest.approx(mc.pvalue, rel=1e-12)
+
+
+def test_cochran_q_without_discordant_members_and_bad_tables():
+    assert stats.cochran_q([[1, 1, 1], [0, 0, 0]]) == stats.CochranQ(0.0, 1.0, 2, 3, True)
+    assert stats.cochran_q([[0, 1, 1]]) == stats.CochranQ(pytest.approx(_cochran_q_deviations([[0, 1, 1]])), 1.0, 1,
+                                                          3, True)  # one member: Q = k − 1, and no other order
+    big = stats.cochran_q(np.random.default_rng(1).random((8, 5)) < 0.3)
+    assert not big.exact and 0 < big.pvalue <= 1 and big == stats.cochran_q(
+        np.random.default_rng(1).random((8, 5)) < 0.3)  # a random sample of permutations, fixed by the seed
+    with pytest.raises(ValueError, match="at least 1 member and 2 arms, got shape \\(3, 1\\)"):
+        stats.cochran_q([[1], [0], [1]])
+    with pytest.raises(ValueError, match="binary outcomes"):
+        stats.cochran_q([[0, 2], [1, 0]])
 
 
 def _logrank_z(ta, ea, tb, eb):
