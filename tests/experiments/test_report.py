@@ -232,11 +232,11 @@ def test_an_ensembles_report_prints_only_the_parts_asked_for_and_a_block_keeps_t
     monkeypatch.chdir(ROOT)
     folder = "results/ensembles/fig7-6000"
     full = report.for_folder(folder)
-    chunks = full.rstrip("\n").split("\n\n")  # header (2 paragraphs), then each section: a caption and a table
-    header, sections = chunks[:2], chunks[2:]
-    assert len(sections) == 1 + 2 * (len(ensemble_report.PARTS) - 1)  # the rates table has no caption
-    by_part = dict(zip(ensemble_report.PARTS, [sections[0]] + ["\n\n".join(sections[i:i + 2])
-                                                               for i in range(1, len(sections), 2)], strict=True))
+    header = full.rstrip("\n").split("\n\n")[:2]  # the ensemble and the rule, then the sections
+    by_part = {p: report.for_folder(folder, parts=[p]).rstrip("\n").split("\n\n", 2)[2]
+               for p in ensemble_report.PARTS}
+    assert all(by_part.values())
+    assert full == "\n\n".join(header + [by_part[p] for p in ensemble_report.PARTS]) + "\n"  # each part whole
     for parts in (["rates"], ["paired", "rates"], ["loss_gap"], ["signals", "paired"], ["rule", "rates"]):
         assert cli.main(["report", folder, "--only", *parts]) == 0
         printed = capsys.readouterr().out
