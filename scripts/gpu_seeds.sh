@@ -6,7 +6,7 @@
 #
 # Runs `python -m mx_proxy.experiments.paper_seeds --out WORK --group-size 4 [OPTIONS...]` (each arm's four seeds
 # as one vmapped program) for at most SECONDS (default 480) into WORK (default /tmp/proxy-seeds); a second call
-# resumes from WORK's run store, or, on a fresh machine, from the exports copied back into WORK/results. Each
+# resumes from WORK's run store; a fresh WORK starts from the committed exports (paper_seeds --committed). Each
 # member is exported as its unit finishes; the exports are copied to $OUT/results/ensembles/seeds-w512 when $OUT
 # is set (the device machine's output folder), else to results/ensembles/seeds-w512, and the ensemble's report
 # (`mx-proxy report`) is printed and kept in WORK/report.md.

@@ -89,7 +89,7 @@ from mx_proxy.training.result import Run
 # the spec's names are re-exported: mx_proxy.experiments.ensemble is the experiment's one entry point
 __all__ = ["Ensemble", "KINDS", "CONTROL", "TWIN", "HISTORY", "SPEC_FILE", "HISTORY_FILE", "arm_names", "extends",
            "member_label", "member_key", "read_spec", "default_out", "units", "work", "train_unit", "train_arm", "run",
-           "export", "prepare", "prepare_branch", "read_branch"]
+           "export", "exported", "prepare", "prepare_branch", "read_branch"]
 
 KEEP_CHECKPOINTS = 2  # a group interrupted while saving resumes from the newest step every member holds
 
@@ -157,7 +157,7 @@ def _check_unit(spec: Ensemble, arm: str, members) -> list[int]:
     return members
 
 
-def _exported(spec: Ensemble, arm: str, i: int, results: Path) -> Run | None:
+def exported(spec: Ensemble, arm: str, i: int, results: Path) -> Run | None:
     """Member ``i`` of ``arm`` as exported in ``results`` (and its twin's export
     beside an ``unchanged`` member that has one), if that export is this
     member's (its config is the one the member trains) and whole; else
@@ -203,14 +203,14 @@ def train_unit(out, arm: str, members=None, *, progress: bool = True, bar=None) 
     st.clean()
     parent = branch.key if branch else None
     keys = {i: member_key(spec, arm, i, parent) for i in members} if branch or spec.kind != "branch" else {}
-    exported = {i: r for i in members if (r := _exported(spec, arm, i, out / "results")) is not None}
-    done = {i: r for i in keys if not (i in exported and st.stale(keys[i])) and (r := st.load(keys[i])) is not None}
-    exported = {i: r for i, r in exported.items() if i not in done}
-    todo = [i for i in members if i not in done and i not in exported]
+    from_export = {i: r for i in members if (r := exported(spec, arm, i, out / "results")) is not None}
+    done = {i: r for i in keys if not (i in from_export and st.stale(keys[i])) and (r := st.load(keys[i])) is not None}
+    from_export = {i: r for i, r in from_export.items() if i not in done}
+    todo = [i for i in members if i not in done and i not in from_export]
     if todo and spec.kind == "branch":
         _check_branch(spec, arm, todo, branch, bdir)
     if bar is not None:
-        bar.update((len(done) + len(exported)) * spec.horizon)
+        bar.update((len(done) + len(from_export)) * spec.horizon)
     if todo:
         group = [_member(spec, arm, i, st, keys[i], branch, spec.end) for i in todo]
         if len({m.start for m in group}) > 1:  # interrupted while saving: from the newest step all of them hold
@@ -233,7 +233,7 @@ def train_unit(out, arm: str, members=None, *, progress: bool = True, bar=None) 
                 interruption.finish(done[i])
     if done:
         export(spec, arm, done, out / "results")
-    return {i: done[i] if i in done else exported[i] for i in members}
+    return {i: done[i] if i in done else from_export[i] for i in members}
 
 
 def train_arm(out, arm: str, *, progress: bool = True, bar=None) -> list[Run]:

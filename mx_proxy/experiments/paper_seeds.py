@@ -18,8 +18,12 @@ A member at width 512 costs ~0.7–0.9 s per step on a 2-core CPU
 (docs/campaign.md), ~2 h to step 9000: give ``--group-size 1`` there, so
 that each member is exported as soon as it finishes, and copy
 ``OUT/results`` into the repository (``results/ensembles/seeds-w512``) as
-members land. A fresh machine resumes from those committed exports (copy
-them to ``OUT/results``; :func:`mx_proxy.experiments.ensemble.train_unit`).
+members land. A fresh machine resumes from those committed exports: before
+training, :func:`copy_committed` copies into ``OUT/results`` every member
+exported in ``results/ensembles/seeds-w512`` (``--committed``) that
+``OUT/results`` lacks and whose config is the one it would train, and
+:func:`mx_proxy.experiments.ensemble.train_unit` loads those instead of
+training them.
 
 Usage::
 
@@ -31,21 +35,24 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import shutil
 import time
 from pathlib import Path
 
 from mx_proxy.experiments import ensemble as _ens
 from mx_proxy.experiments import ensemble_status
-from mx_proxy.store import files
+from mx_proxy.store import durable, files
 from mx_proxy.training.config import Config
 
-__all__ = ["PARENT", "ARMS", "NAME", "base_config", "spec_of", "run", "main"]
+__all__ = ["PARENT", "COMMITTED", "ARMS", "NAME", "base_config", "spec_of", "copy_committed", "run", "main"]
 
 PARENT = Path(__file__).resolve().parents[2] / "results" / "paper" / "paired-w512-paper_e4m3-lr6e-4-s0"
 """The exported paired run of seed 0 whose config the members share."""
 ARMS = ("fp32", "paper_e4m3", "mxfp8_e4m3")
 NAME = "seeds-w512"
 MEMBERS = 4
+COMMITTED = Path(__file__).resolve().parents[2] / "results" / "ensembles" / NAME
+"""The members exported so far, as committed: a fresh ``OUT`` starts from them (:func:`copy_committed`)."""
 
 
 def base_config(parent=PARENT, **changes) -> Config:
@@ -62,13 +69,43 @@ def spec_of(members: int = MEMBERS, *, arms=ARMS, first_seed: int = 1, parent=PA
                          checkpoint_every=500)
 
 
+def copy_committed(spec: _ens.Ensemble, out, committed=COMMITTED) -> list[str]:
+    """Copy into ``out/results`` each member of ``spec`` that ``committed``
+    (a results folder) has exported, whole and with the config ``spec``
+    trains it with, and ``out/results`` has not; each folder is copied to a
+    temporary sibling and renamed into place. Returns the copied members'
+    labels (none where ``committed`` is missing or is ``out/results`` itself)."""
+    results = Path(out).expanduser() / "results"
+    committed = Path(committed).expanduser()
+    if not committed.is_dir() or committed.resolve() == results.resolve():
+        return []
+    copied = []
+    for arm in spec.arms:
+        for i in range(spec.members):
+            label = _ens.member_label(arm, i)
+            if (_ens.exported(spec, arm, i, results) is not None
+                    or _ens.exported(spec, arm, i, committed) is None):
+                continue
+            durable.discard(results / label)  # a damaged or foreign export in the way
+            tmp = results / durable.tmp_name(label)
+            shutil.copytree(committed / label, tmp)
+            durable.rename(tmp, results / label)
+            copied.append(label)
+    return copied
+
+
 def run(spec: _ens.Ensemble, out, *, group_size: int | None = 1, hours: float | None = None, progress: bool = True,
-        log=print) -> int:
+        log=print, committed=COMMITTED) -> int:
     """Train the units of ``spec`` in ``out`` in order (members chunk first:
     seed 1 of every arm before seed 2 of any) until all are exported or
-    ``hours`` have passed (checked between units); returns the units trained or loaded."""
+    ``hours`` have passed (checked between units); returns the units trained or loaded.
+    ``committed``: a results folder whose members start ``out`` (:func:`copy_committed`; ``None``: none)."""
     out = Path(out).expanduser()
     _ens.prepare(spec, out)
+    if committed is not None:
+        copied = copy_committed(spec, out, committed)
+        if copied:
+            log(f"[paper seeds] {len(copied)} member(s) copied from {committed}: {', '.join(copied)}")
     t0, n = time.time(), 0
     for arm, members in _ens.units(spec, group_size):
         if hours is not None and time.time() - t0 > hours * 3600:
@@ -91,6 +128,10 @@ def main(argv=None) -> int:
     p.add_argument("--group-size", type=int, default=1, help="members trained as one program (default 1)")
     p.add_argument("--hours", type=float, help="stop (between units) after this many hours; rerun to continue")
     p.add_argument("--status", action="store_true", help="print where each arm stands, train nothing")
+    p.add_argument("--committed", default=str(COMMITTED), metavar="DIR|none",
+                   help="a results folder whose exported members (same config) OUT starts from, copied into "
+                        "OUT/results before training (default: the repository's results/ensembles/seeds-w512; "
+                        "none: start from nothing)")
     p.add_argument("--width", type=int, help="a smaller width (a test; default the parent run's, 512)")
     p.add_argument("--steps", type=int, help="fewer steps (a test; default the parent run's, 9000)")
     p.add_argument("--batch", type=int, help="a smaller batch (a test; default the parent run's, 2048)")
@@ -111,7 +152,10 @@ def main(argv=None) -> int:
         spec = spec_of(args.members, arms=args.arms, **changes)
     except ValueError as e:
         p.error(str(e))
-    run(spec, args.out, group_size=args.group_size, hours=args.hours)
+    committed = None if args.committed == "none" else Path(args.committed)
+    if committed is not None and not committed.is_dir():
+        p.error(f"--committed {args.committed!r} is not a folder (give a results folder, or none)")
+    run(spec, args.out, group_size=args.group_size, hours=args.hours, committed=committed)
     print(ensemble_status.status(args.out).to_string(index=False))
     return 0
 

@@ -28,9 +28,38 @@ def test_members_are_the_exported_runs_config_at_other_seeds_paired_by_seed():
 @pytest.mark.parametrize("args, message", [(["--members", "0"], "--members must be ≥ 1, got 0"),
                                            (["--hours", "-1"], "--hours must be > 0, got -1.0"),
                                            (["--group-size", "0"], "--group-size must be ≥ 1, got 0"),
-                                           (["--arms", "fp32", "bogus"], "unknown arm")])
+                                           (["--arms", "fp32", "bogus"], "unknown arm"),
+                                           (["--committed", "/no/such/folder"], "is not a folder")])
 def test_bad_options_exit_2_naming_the_value(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as e:
         P.main(["--out", str(tmp_path / "e"), *args])
     assert e.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "e").exists()
+
+
+TINY = dict(width=16, steps=30, batch=32, val_every=0)
+
+
+def test_a_fresh_out_starts_from_the_committed_members_with_its_config(tmp_path, capsys):
+    """A fresh OUT copies the members a results folder exported (whole, same config) and trains only the
+    others; members of another config are not copied, and the repository's width-512 members never match a
+    test's config."""
+    spec = P.spec_of(2, arms=("fp32", "mxfp8_e4m3"), **TINY)
+    first = tmp_path / "first"
+    assert P.run(spec, first, progress=False, log=lambda *_: None, committed=None) == 4
+    committed = first / "results"
+    (committed / "mxfp8_e4m3-m01" / "run.json").unlink()  # not whole: not copied, trained again
+    fresh = tmp_path / "fresh"
+    lines = []
+    assert P.run(spec, fresh, progress=False, log=lines.append, committed=committed) == 4
+    assert lines[0] == (f"[paper seeds] 3 member(s) copied from {committed}: fp32-m00, fp32-m01, mxfp8_e4m3-m00")
+    for label in ("fp32-m00", "fp32-m01", "mxfp8_e4m3-m00"):
+        assert (fresh / "results" / label / "metrics.parquet").read_bytes() == \
+            (committed / label / "metrics.parquet").read_bytes()
+    trained = [p.name for p in (fresh / "runs").iterdir() if not p.name.startswith(".")]
+    assert trained == [spec.config("mxfp8_e4m3", 1).hash()]  # the one member trained here: the store holds it alone
+    assert (fresh / "results" / "mxfp8_e4m3-m01" / "run.json").exists()
+    other = P.spec_of(2, arms=("fp32", "mxfp8_e4m3"), **{**TINY, "width": 8})
+    assert P.copy_committed(other, tmp_path / "other", committed) == []  # another config: nothing copied
+    assert P.copy_committed(spec, tmp_path / "repo", P.COMMITTED) == []  # the committed width-512 members
+    assert P.copy_committed(spec, first, committed) == []  # its own results folder
