@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     p.add_argument("--group-size", type=int, default=1, help="members trained as one program (default 1)")
     p.add_argument("--hours", type=float, help="stop (between units) after this many hours; rerun to continue")
     p.add_argument("--status", action="store_true", help="print where each arm stands, train nothing")
-    p.add_argument("--committed", default=str(COMMITTED), metavar="DIR|none",
+    p.add_argument("--committed", metavar="DIR|none",
                    help="a results folder whose exported members (same config) OUT starts from, copied into "
                         "OUT/results before training (default: the repository's results/ensembles/seeds-w512; "
                         "none: start from nothing)")
@@ -152,9 +152,12 @@ def main(argv=None) -> int:
         spec = spec_of(args.members, arms=args.arms, **changes)
     except ValueError as e:
         p.error(str(e))
-    committed = None if args.committed == "none" else Path(args.committed)
-    if committed is not None and not committed.is_dir():
-        p.error(f"--committed {args.committed!r} is not a folder (give a results folder, or none)")
+    if args.committed is None:  # the repository's folder, where this checkout has one
+        committed = COMMITTED if COMMITTED.is_dir() else None
+    else:
+        committed = None if args.committed == "none" else Path(args.committed)
+        if committed is not None and not committed.is_dir():
+            p.error(f"--committed {args.committed!r} is not a folder (give a results folder, or none)")
     run(spec, args.out, group_size=args.group_size, hours=args.hours, committed=committed)
     print(ensemble_status.status(args.out).to_string(index=False))
     return 0
