@@ -144,8 +144,9 @@ def _loss_gap(result) -> list[str]:
                       f"{ensemble_result.TAIL} steps, among the pairs where neither blew up (mean, 95 % bootstrap "
                       f"interval):", "", "| arm | stable pairs | loss vs FP32 |", "|---|---|---|"]
         for g in gap.itertuples():
-            lines.append(f"| {_arm(result, g.arm)} | {g.stable_pairs} | {_pct(g.gap_pct)} "
-                         f"[{_pct(g.low)}, {_pct(g.high)}] |")
+            value = (f"{_pct(g.gap_pct)} [{_pct(g.low)}, {_pct(g.high)}]" if g.stable_pairs
+                     else "– (no pair where neither blew up)")
+            lines.append(f"| {_arm(result, g.arm)} | {g.stable_pairs} | {value} |")
         lines.append("")
     return lines
 

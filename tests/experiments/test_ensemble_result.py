@@ -210,3 +210,12 @@ def test_all_arms_test_is_cochrans_q_over_the_members_every_arm_has(result):
 
     text = ensemble_report.markdown(ensemble_result.EnsembleResult(spec, runs), parts=("paired",))
     assert f"All 3 arms at once, over the 3 members each has: Cochran's Q = {q.statistic:.2f}" in text
+
+
+def test_a_loss_gap_without_a_stable_pair_says_so():
+    from mx_proxy.experiments import ensemble_report
+
+    res = _signal_result(np.random.default_rng(0))  # every unchanged member blew up
+    assert res.loss_gap().set_index("arm").loc["unchanged", "stable_pairs"] == 0
+    text = ensemble_report.markdown(res, parts=("loss_gap",))
+    assert "| `unchanged` (`paper_e4m3`) | 0 | – (no pair where neither blew up) |" in text
