@@ -12,7 +12,7 @@ import math
 
 import pandas as pd
 
-from mx_proxy.experiments import ensemble_result, signals
+from mx_proxy.experiments import ensemble_result, signals, stats
 from mx_proxy.experiments.ensemble import HISTORY, HISTORY_FILE, TWIN
 from mx_proxy.experiments.ensemble_spec import results_folder
 
@@ -128,7 +128,7 @@ def _paired(result) -> list[str]:
         arms, q = omnibus
         aside = " (`twin` aside: it continues another state)" if TWIN in result.spec.arms else ""
         how = ("every within-member permutation counted" if q.exact
-               else "9999 within-member permutations of the arms' outcomes, seeded")
+               else f"{stats.PERMUTATIONS} within-member permutations of the arms' outcomes, seeded")
         lines += [f"All {len(arms)} arms at once{aside}, over the {q.members} member{'s' * (q.members > 1)} each "
                   f"has: Cochran's Q = "
                   f"{q.statistic:.2f}, p = {_p(q.pvalue)} ({how}).", ""]

@@ -108,8 +108,10 @@ class EnsembleResult:
     def complete(self, arm: str) -> bool:
         return all(r is not None for r in self.runs.get(arm, [])) and len(self.runs.get(arm, [])) == self.spec.members
 
-    def _arm(self, arm: str) -> pd.DataFrame:
-        return self.table[self.table["arm"] == arm]
+    def _arm(self, arm: str, table: pd.DataFrame | None = None) -> pd.DataFrame:
+        """``arm``'s rows of ``table`` (default: the outcomes by the rule, :attr:`table`)."""
+        table = self.table if table is None else table
+        return table[table["arm"] == arm]
 
     def survival(self, arm: str) -> pd.DataFrame:
         """Kaplan–Meier S(t) of ``arm`` (:func:`mx_proxy.experiments.stats.survival`), t in steps from the start."""
@@ -140,12 +142,13 @@ class EnsembleResult:
             df["median_time"] = df["median_time"].astype("Int64")
         return df
 
-    def _pairs(self, other: str):
+    def _pairs(self, other: str, table: pd.DataFrame | None = None):
         """``(arm, other's outcomes, arm's outcomes, the members both have)``
-        for every arm but ``other`` that shares members with it (indexed by member)."""
-        o = self._arm(other).set_index("member")
+        for every arm but ``other`` that shares members with it (indexed by
+        member), from ``table`` (default: :attr:`table`)."""
+        o = self._arm(other, table).set_index("member")
         for arm in self.spec.arms:
-            a = self._arm(arm).set_index("member")
+            a = self._arm(arm, table).set_index("member")
             both = o.index.intersection(a.index)
             if arm != other and len(both):
                 yield arm, o, a, both
@@ -193,16 +196,13 @@ class EnsembleResult:
             if not math.isfinite(factor) or factor <= 1.0:
                 raise ValueError(f"a blow-up factor must be a finite number above 1, got {factor!r}")
             table = self.table if factor == RULE else outcomes(self.spec, self.runs, factor)
-            control = table[table["arm"] == self.control].set_index("member")
+            p = {arm: stats.mcnemar(c.loc[both, "event"], a.loc[both, "event"]).pvalue
+                 for arm, c, a, both in self._pairs(self.control, table)}
             for arm in self.spec.arms:
-                a = table[table["arm"] == arm].set_index("member")
-                if not len(a):
-                    continue
-                both = control.index.intersection(a.index)
-                p = (stats.mcnemar(control.loc[both, "event"], a.loc[both, "event"]).pvalue
-                     if arm != self.control and len(both) else math.nan)
-                rows.append({"arm": arm, "factor": factor, "members": len(a), "blowups": int(a["event"].sum()),
-                             "mcnemar_p": p})
+                a = self._arm(arm, table)
+                if len(a):
+                    rows.append({"arm": arm, "factor": factor, "members": len(a), "blowups": int(a["event"].sum()),
+                                 "mcnemar_p": p.get(arm, math.nan)})
         return pd.DataFrame(rows, columns=["arm", "factor", "members", "blowups", "mcnemar_p"])
 
     def recoveries(self) -> pd.DataFrame:

@@ -42,7 +42,10 @@ def _st():
     return stats
 
 __all__ = ["Rate", "rate", "survival", "mcnemar", "McNemar", "logrank", "LogRank", "cochran_q", "CochranQ",
-           "bootstrap_mean", "Estimate", "auc"]
+           "PERMUTATIONS", "bootstrap_mean", "Estimate", "auc"]
+
+PERMUTATIONS = 9999
+"""Permutations :func:`cochran_q` samples where it cannot count them all."""
 
 
 class Rate(NamedTuple):
@@ -198,7 +201,7 @@ def _q(*arms, axis=-1):
     return np.where(den > 0, num / np.where(den > 0, den, 1), 0.0)
 
 
-def cochran_q(outcomes, seed: int = 0, resamples: int = 9999) -> CochranQ:
+def cochran_q(outcomes, seed: int = 0, resamples: int = PERMUTATIONS) -> CochranQ:
     """Cochran's Q test that k arms have one rate, over paired binary
     outcomes ``outcomes[i, j]`` (member ``i`` of arm ``j``; each member saw
     the same perturbation in every arm). Q = (k−1)(k·ΣC_j² − T²) / (k·T − ΣR_i²)
