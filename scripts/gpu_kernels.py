@@ -64,7 +64,7 @@ class _Tee(io.TextIOBase):
 
 
 def _pytest(files: list[str], timeout_s: float) -> bool:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *files]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(timeout_s, 10), cwd=ROOT)
     except subprocess.TimeoutExpired as err:

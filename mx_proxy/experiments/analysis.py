@@ -19,8 +19,8 @@ from mx_proxy.numerics import recipe_json
 from mx_proxy.training.config import Config
 from mx_proxy.training.result import Run
 
-__all__ = ["instability", "jump_ratio", "blowup_window", "summary", "clamp_window", "zeta_by_clamping",
-           "paper_metric_table", "unstable_at", "unstable_after", "gain_drift", "headline"]
+__all__ = ["instability", "jump_ratio", "loss_jump_ratio", "blowup_window", "summary", "clamp_window",
+           "zeta_by_clamping", "paper_metric_table", "unstable_at", "unstable_after", "gain_drift", "headline"]
 
 
 def blowup_window(run: Run) -> int:
@@ -33,14 +33,19 @@ def jump_ratio(run: Run) -> np.ndarray:
     """Each step's loss over the minimum loss of the W steps before it
     (:func:`blowup_window`), one value per metrics row; 1 for the first W rows
     (the initial transient). A non-finite loss counts as +inf."""
-    loss = run.metrics["loss"].to_numpy(dtype=float)
+    return loss_jump_ratio(run.metrics["loss"].to_numpy(dtype=float), blowup_window(run))
+
+
+def loss_jump_ratio(loss, window: int) -> np.ndarray:
+    """:func:`jump_ratio` of a bare loss series, one value per step: the loss over the minimum of the ``window``
+    losses before it; 1 for the first ``window`` steps; a non-finite loss counts as +inf."""
+    loss = np.asarray(loss, dtype=float)
     loss = np.where(np.isfinite(loss), loss, np.inf)
-    w = blowup_window(run)
     ratio = np.ones_like(loss)
-    if len(loss) > w:
-        recent_min = np.lib.stride_tricks.sliding_window_view(loss[:-1], w).min(axis=1)
+    if len(loss) > window:
+        recent_min = np.lib.stride_tricks.sliding_window_view(loss[:-1], window).min(axis=1)
         with np.errstate(divide="ignore", invalid="ignore"):
-            ratio[w:] = loss[w:] / recent_min
+            ratio[window:] = loss[window:] / recent_min
     return ratio
 
 

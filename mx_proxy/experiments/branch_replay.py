@@ -48,6 +48,7 @@ import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from mx_proxy.experiments import analysis
 from mx_proxy.experiments import branch as _branch
 from mx_proxy.experiments import ensemble as _ens
 from mx_proxy.runner import loop as runner
@@ -109,6 +110,10 @@ def continue_ensemble(results, out, *, arms: Iterable[str] = (), paired: bool = 
         log(f"[branch replay] {spec.name}: replaying {config.recipe.name}"
             f"{' with its FP32 twin' if config.has_paired_run else ''} to step {config.steps} in {out / 'replay'}")
         run = runner.train(config, store=out / "replay", progress=progress)
+        early = [step for step in analysis.instability(run)["blowups"] if step < spec.branch_at]
+        if early:
+            log(f"[branch replay] {spec.name}: this replay blew up at step {early[0]}, before the branch at step "
+                f"{spec.branch_at}: its members continue a run past its blow-up (the report's header says so)")
         _branch.write(run, spec.branch_at, out / "branch", reference=reference)
     return _ens.run(spec, out, group_size=group_size, progress=progress, log=log)
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
-from mx_proxy.experiments import ensemble_result, signals, stats
+from mx_proxy.experiments import analysis, ensemble_result, signals, stats
 from mx_proxy.experiments.ensemble import HISTORY, HISTORY_FILE, TWIN
+from mx_proxy.experiments.ensemble_result import RULE
 from mx_proxy.experiments.ensemble_spec import results_folder
 
 __all__ = ["markdown", "for_folder", "is_ensemble", "check_parts", "PARTS"]
@@ -51,6 +53,32 @@ def _arm(result, arm: str) -> str:
     return f"`{arm}`"
 
 
+def _state(result, history: pd.DataFrame | None) -> list[str]:
+    """A branch ensemble's state before the branch, by the blow-up rule on its recorded history: had its run (and
+    its FP32 twin, where recorded) blown up already? Its members then continue a run past its blow-up."""
+    s = result.spec
+    if s.kind != "branch" or history is None or not len(history):
+        return []
+    window = max(10, min(100, s.base.steps // 10))  # analysis.blowup_window of the state's run
+    said = []
+    for col, who in (("loss", f"its run (`{s.base.recipe.name}`)"), ("ref_loss", "its FP32 twin")):
+        if col not in history:
+            continue
+        loss = history[col].to_numpy(dtype=float)
+        hot = np.flatnonzero(analysis.loss_jump_ratio(loss, window) > RULE)
+        if len(hot):
+            peak = hot[0] + int(np.argmax(np.where(np.isfinite(loss[hot[0]:]), loss[hot[0]:], np.inf)))  # its worst
+            said.append(f"{who} had blown up at step {int(history['step'].iloc[hot[0]])} (loss "
+                        f"{loss[peak]:.3g} at step {int(history['step'].iloc[peak])})")
+        else:
+            said.append(f"{who} had not blown up")
+    tail = history.iloc[-HISTORY:]
+    means = "; ".join(f"{name} {tail[col].mean():.3g}" for col, name in (("loss", "run"), ("ref_loss", "twin"))
+                      if col in tail)
+    return [f"The state at step {s.branch_at}, by the rule on its recorded history: {' and '.join(said)} "
+            f"(mean loss over the last {len(tail)} steps before the branch: {means}).", ""]
+
+
 def _header(result, source: str | None) -> list[str]:
     s, c = result.spec, result.spec.base
     n_done = int(result.table.groupby("arm").size().min()) if len(result.table) else 0
@@ -83,7 +111,7 @@ def markdown(result, source: str | None = None, history: pd.DataFrame | None = N
     """The report of an :class:`~mx_proxy.experiments.ensemble_result.EnsembleResult` (see the module docstring):
     its header and the sections ``parts`` (:data:`PARTS`), in report order."""
     parts = check_parts(parts)
-    lines = _header(result, source)
+    lines = _header(result, source) + _state(result, history)
     if "rates" in parts:
         lines += _rates(result)
     if "paired" in parts:
@@ -147,6 +175,18 @@ def _loss_gap(result) -> list[str]:
             value = (f"{_pct(g.gap_pct)} [{_pct(g.low)}, {_pct(g.high)}]" if g.stable_pairs
                      else "– (no pair where neither blew up)")
             lines.append(f"| {_arm(result, g.arm)} | {g.stable_pairs} | {value} |")
+        lines.append("")
+    ends = result.end_loss_tests()
+    if len(ends):
+        lines += [f"Loss against `{result.control}`, member by member, over every pair, blown up or not (the mean "
+                  f"over the last {ensemble_result.TAIL} steps; a member stopped before the horizon counts as the "
+                  f"higher): the sign test, and the median ratio over the pairs that both reached the horizon:", "",
+                  "| arm | pairs | arm lower / higher / tied | sign test p | median loss ratio |",
+                  "|---|---|---|---|---|"]
+        for e in ends.itertuples():
+            ratio = "–" if not math.isfinite(e.median_ratio) else f"{e.median_ratio:.3g}"
+            lines.append(f"| {_arm(result, e.arm)} | {e.pairs} | {e.lower} / {e.higher} / {e.ties} | {_p(e.sign_p)} "
+                         f"| {ratio} |")
         lines.append("")
     return lines
 

@@ -238,6 +238,26 @@ class EnsembleResult:
         """The FP32 arm the loss gap compares with: ``twin``, else ``fp32``, else none."""
         return next((a for a in (TWIN, "fp32") if a in self.spec.arms), None)
 
+    def end_loss_tests(self, control: str | None = None) -> pd.DataFrame:
+        """Each other arm's loss against ``control``'s (default: the first arm), member by member, over every
+        pair, blown up or not: the mean loss over the last ``TAIL`` steps, +inf for a member that stopped
+        before the horizon (the engine's divergence, or its pair's). Per arm: ``lower`` / ``higher`` /
+        ``ties`` (the arm's against the control's), the sign test's ``sign_p``
+        (:func:`~mx_proxy.experiments.stats.sign_test`), and ``median_ratio``, the median of arm / control over
+        the pairs where both reached the horizon (NaN without one)."""
+        control = control or self.control
+        end = self.spec.end - 1
+        rows = []
+        for arm, c, a, both in self._pairs(control):
+            lc, la = (np.where(t.loc[both, "last_step"] == end, t.loc[both, "tail_loss"], np.inf) for t in (c, a))
+            st = stats.sign_test(la, lc)
+            whole = np.isfinite(la) & np.isfinite(lc)
+            rows.append({"arm": arm, "control": control, "pairs": len(both), "lower": st.lower,
+                         "higher": st.higher, "ties": st.ties, "sign_p": st.pvalue,
+                         "median_ratio": float(np.median(la[whole] / lc[whole])) if whole.any() else math.nan})
+        return pd.DataFrame(rows, columns=["arm", "control", "pairs", "lower", "higher", "ties", "sign_p",
+                                           "median_ratio"])
+
     def loss_gap(self, seed: int = 0) -> pd.DataFrame:
         """Per arm, over the members where both it and its FP32 member
         (:meth:`reference_arm`, same perturbation) stayed stable to the

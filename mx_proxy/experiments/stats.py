@@ -12,6 +12,8 @@ Every function wraps ``scipy.stats`` (none re-derives a formula scipy has):
 - :func:`cochran_q`: Cochran's Q test that several paired binary outcomes
   share one rate, its p-value by permuting each member's outcomes across the
   arms (``scipy.stats.permutation_test``);
+- :func:`sign_test`: the sign test of paired values (which of each pair is
+  lower; a two-sided binomial test on the untied pairs);
 - :func:`bootstrap_mean`: a mean with a bootstrap (BCa) interval,
   reproducible from its seed;
 - :func:`auc`: the area under the ROC curve of a score for a binary label
@@ -42,7 +44,7 @@ def _st():
     return stats
 
 __all__ = ["Rate", "rate", "survival", "mcnemar", "McNemar", "logrank", "LogRank", "cochran_q", "CochranQ",
-           "PERMUTATIONS", "bootstrap_mean", "Estimate", "auc"]
+           "PERMUTATIONS", "sign_test", "SignTest", "bootstrap_mean", "Estimate", "auc"]
 
 PERMUTATIONS = 9999
 """Permutations :func:`cochran_q` samples where it cannot count them all."""
@@ -90,6 +92,16 @@ class CochranQ(NamedTuple):
     members: int
     arms: int
     exact: bool
+
+
+class SignTest(NamedTuple):
+    """Paired values of A and B: ``lower`` pairs where A's is below B's, ``higher`` above, ``ties``; ``pvalue``
+    of the two-sided binomial test on the untied pairs (1.0 without one)."""
+
+    lower: int
+    higher: int
+    ties: int
+    pvalue: float
 
 
 class Estimate(NamedTuple):
@@ -227,6 +239,21 @@ def cochran_q(outcomes, seed: int = 0, resamples: int = PERMUTATIONS) -> Cochran
     res = _st().permutation_test(tuple(x.T), _q, permutation_type="samples", vectorized=True, n_resamples=resamples,
                                  alternative="greater", rng=np.random.default_rng(seed))
     return CochranQ(float(res.statistic), float(res.pvalue), n, k, exact)
+
+
+def sign_test(a, b) -> SignTest:
+    """The sign test of paired values ``a[i]`` against ``b[i]`` (e.g. two arms' losses, member by member):
+    how often A is lower, higher, tied, and ``scipy.stats.binomtest`` on the untied pairs at 1/2. Values may be
+    +inf (a member stopped before the horizon counts as higher than any finite loss); NaN is refused."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"sign_test needs two 1-D samples of one length, got shapes {a.shape} and {b.shape}")
+    if np.isnan(a).any() or np.isnan(b).any():
+        raise ValueError("sign_test needs values without NaN (a stopped member's loss is +inf, not NaN)")
+    lower, higher = int((a < b).sum()), int((a > b).sum())
+    n = lower + higher
+    p = float(_st().binomtest(lower, n, 0.5).pvalue) if n else 1.0
+    return SignTest(lower, higher, len(a) - n, p)
 
 
 def bootstrap_mean(x, confidence: float = 0.95, seed: int = 0, resamples: int = 9999) -> Estimate:

@@ -13,6 +13,9 @@ compares for equality.
 
 from __future__ import annotations
 
+import traceback
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,7 +71,10 @@ def run_probe() -> tuple[bool, str]:
     try:
         out = np.asarray(jax.block_until_ready(jax.jit(probe)(a, b)))
     except Exception as err:  # noqa: BLE001 - the probe's job is to report what fails
-        return False, f"Mosaic GPU FP8 wgmma did not compile/run: {type(err).__name__}: {str(err)[:400]}"
+        frames = traceback.extract_tb(err.__traceback__)[-3:]  # a bare assert inside the compiler says only where
+        where = "; ".join(f"{Path(f.filename).name}:{f.lineno} {f.line}" for f in frames)
+        return False, (f"Mosaic GPU FP8 wgmma did not compile/run: {type(err).__name__}: {str(err)[:400]} "
+                       f"(at {where})")
     want = np.asarray(a, np.float32) @ np.asarray(b, np.float32).T
     if not np.array_equal(out, want):
         return False, f"Mosaic GPU FP8 wgmma ran but is wrong (max error {np.max(np.abs(out - want))})"

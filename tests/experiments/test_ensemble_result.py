@@ -81,6 +81,17 @@ def test_loss_gap_over_stable_pairs_only(result):
     assert g.loc["fp32", "low"] == pytest.approx(10.0) and g.loc["fp32", "high"] == pytest.approx(10.0)
 
 
+def test_end_loss_tests_compare_every_pair_a_stopped_member_the_higher(result):
+    """fp32 (1.1 everywhere) against unchanged's tails 20, stopped, 1.05 and (90 steps at 1 and 10 at 15) 2.4;
+    the twin (1.0) against the same, its member 1 stopped with its pair: a tie."""
+    t = result.end_loss_tests().set_index("arm")
+    assert t.loc["fp32", ["pairs", "lower", "higher", "ties"]].tolist() == [4, 3, 1, 0]
+    assert t.loc["fp32", "sign_p"] == pytest.approx(0.625)  # 2 · P(Bin(4, 1/2) ≥ 3) = 2 · 5/16
+    assert t.loc["fp32", "median_ratio"] == pytest.approx(1.1 / 2.4)  # of 1.1/20, 1.1/1.05, 1.1/2.4
+    assert t.loc["twin", ["lower", "higher", "ties"]].tolist() == [3, 0, 1]
+    assert t.loc["twin", "sign_p"] == pytest.approx(0.25)
+
+
 def _signal_result(rng):
     """4 members blow up (at 260, 230, 280, 250), 4 do not; ``zeta_bound`` ramps up over the 100 steps
     before each blow-up and is noise elsewhere; ``update_norm`` is one constant."""

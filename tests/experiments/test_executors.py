@@ -4,6 +4,9 @@ bit for bit, a job claims the training folders of its keys, and a job keeps XLA 
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -156,3 +159,30 @@ def test_one_submitter_at_a_time_per_folder(tmp_path):
                 pass
     with ex._only_submitter():  # released
         pass
+
+
+_WITHOUT_SUBMITIT = """
+import shutil, sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "submitit" or name.startswith("submitit."):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, Block())
+from mx_proxy.experiments import branch_replay, ensemble, executors, paper_seeds, unstable_search  # noqa: F401
+from mx_proxy import cli  # noqa: F401
+assert executors.make("local").run([executors.Work("u", 1.0, lambda store, progress: 7)], None) == []
+shutil.which = lambda command: "/usr/bin/" + command  # as if Slurm were here, so that check() gets to submitit
+try:
+    executors.make("slurm").check()
+except ValueError as e:
+    print(e)
+"""
+
+
+def test_everything_but_the_slurm_executor_runs_without_submitit(tmp_path):
+    """A GPU image without submitit still trains ensembles locally; asking for Slurm there names what is missing."""
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_SUBMITIT], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(Path(mxp.__file__).parents[1])})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "--executor slurm: the slurm executor needs submitit" in done.stdout
+    assert "pip install submitit" in done.stdout

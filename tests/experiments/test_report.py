@@ -232,8 +232,8 @@ def test_an_ensembles_report_prints_only_the_parts_asked_for_and_a_block_keeps_t
     monkeypatch.chdir(ROOT)
     folder = "results/ensembles/fig7-6000"
     full = report.for_folder(folder)
-    header = full.rstrip("\n").split("\n\n")[:2]  # the ensemble and the rule, then the sections
-    by_part = {p: report.for_folder(folder, parts=[p]).rstrip("\n").split("\n\n", 2)[2]
+    header = full.rstrip("\n").split("\n\n")[:3]  # the ensemble, the rule and the branch state, then the sections
+    by_part = {p: report.for_folder(folder, parts=[p]).rstrip("\n").split("\n\n", 3)[3]
                for p in ensemble_report.PARTS}
     assert all(by_part.values())
     assert full == "\n\n".join(header + [by_part[p] for p in ensemble_report.PARTS]) + "\n"  # each part whole
@@ -258,3 +258,26 @@ def test_an_ensembles_report_prints_only_the_parts_asked_for_and_a_block_keeps_t
             cli.main(["report", *bad])
         assert err.value.code == 2
     assert "invalid choice: 'bogus'" in capsys.readouterr().err
+
+
+def test_a_branch_ensembles_header_says_whether_its_state_had_blown_up_before_the_branch(monkeypatch):
+    """The rule on the recorded history (the state's run and its FP32 twin): the committed state had not blown up;
+    the same history with one 50× step at 4000 (and a peak of 80× at 4003) had, there, and its twin had not."""
+    from mx_proxy.experiments import ensemble_report, ensemble_result
+
+    monkeypatch.chdir(ROOT)
+    result = ensemble_result.load("results/ensembles/fig7-6000")
+    history = pd.read_parquet("results/ensembles/fig7-6000/branch_history.parquet")
+    line = ensemble_report.markdown(result, history=history, parts=["rates"]).split("\n\n")[2]
+    tail = history.iloc[-100:]
+    assert line == ("The state at step 6000, by the rule on its recorded history: its run (`paper_e4m3`) had not "
+                    "blown up and its FP32 twin had not blown up (mean loss over the last 100 steps before the "
+                    f"branch: run {tail.loss.mean():.3g}; twin {tail.ref_loss.mean():.3g}).")
+    bad = history.copy()
+    floor = bad.loss.iloc[3900:4000].min()
+    bad.loc[bad.step == 4000, "loss"] = 50.5 * floor
+    bad.loc[bad.step == 4003, "loss"] = 80 * floor
+    line = ensemble_report.markdown(result, history=bad, parts=["rates"]).split("\n\n")[2]
+    assert (f"its run (`paper_e4m3`) had blown up at step 4000 (loss {80 * floor:.3g} at step 4003) and its FP32 "
+            f"twin had not blown up") in line
+    assert "The state at step" not in ensemble_report.markdown(result, history=None, parts=["rates"])

@@ -117,6 +117,25 @@ def test_mcnemar_is_the_exact_binomial_on_discordant_pairs(a, b):
     assert res.pvalue == pytest.approx(_mcnemar_exact(only_a, only_b), rel=1e-12)
 
 
+@given(hs.lists(hs.tuples(hs.sampled_from([0.5, 1.0, 2.0, math.inf]), hs.sampled_from([0.5, 1.0, 2.0, math.inf])),
+                min_size=1, max_size=14))
+def test_sign_test_counts_the_pairs_and_is_the_two_sided_binomial_on_the_untied(pairs):
+    a, b = (np.array(x, float) for x in zip(*pairs, strict=True))
+    res = stats.sign_test(a, b)
+    lower, higher = sum(x < y for x, y in pairs), sum(x > y for x, y in pairs)
+    assert (res.lower, res.higher, res.ties) == (lower, higher, len(pairs) - lower - higher)
+    n = lower + higher
+    tail = sum(math.comb(n, i) for i in range(0, min(lower, higher) + 1)) / 2 ** n if n else 0.5
+    assert res.pvalue == pytest.approx(min(1.0, 2 * tail), rel=1e-9)
+
+
+def test_sign_test_refuses_nan_and_unequal_samples():
+    with pytest.raises(ValueError, match="without NaN"):
+        stats.sign_test([1.0, math.nan], [1.0, 2.0])
+    with pytest.raises(ValueError, match=r"shapes \(2,\) and \(3,\)"):
+        stats.sign_test([1.0, 2.0], [1.0, 2.0, 3.0])
+
+
 def _cochran_q_deviations(x):
     """Cochran's Q in its other textbook form: k(k−1)·Σ_j (C_j − C̄)² / Σ_i R_i (k − R_i)."""
     x = np.asarray(x, float)

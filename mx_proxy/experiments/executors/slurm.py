@@ -31,15 +31,15 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-
-import submitit
-from submitit.slurm.slurm import SlurmInfoWatcher
+from typing import TYPE_CHECKING
 
 from mx_proxy.experiments import tracking
 from mx_proxy.experiments.executors.base import Failure, OnUnit, WorkUnit, newest_checkpoint, stored
-from mx_proxy.experiments.executors.job import UnitJob
 from mx_proxy.experiments.executors.options import SlurmOptions
 from mx_proxy.store import durable
+
+if TYPE_CHECKING:
+    import submitit
 
 __all__ = ["SlurmExecutor", "unit_id", "read_record", "job_states", "log_tail", "jobs", "ACTIVE", "RECORD"]
 
@@ -47,6 +47,18 @@ RECORD = "units.json"
 ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
           "SUSPENDED", "RESIZING", "PREEMPTED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "UNKNOWN")
 """Job states in which a job may still run (``UNKNOWN``: not yet in ``sacct``)."""
+
+
+def _submitit():
+    """submitit, imported only where a job is submitted or watched, so that everything else (an ensemble on
+    the local executor, say on a GPU image without submitit) runs without it."""
+    try:
+        import submitit
+        import submitit.slurm.slurm
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(f"the slurm executor needs submitit ({e}); pip install submitit, or use the "
+                                  f"local executor") from e
+    return submitit
 
 
 def unit_id(unit: WorkUnit) -> str:
@@ -82,7 +94,7 @@ def job_states(job_ids: Sequence[str]) -> dict[str, str]:
         return {}
     if shutil.which("sacct") is None:
         return dict.fromkeys(ids, "UNKNOWN")  # no scheduler here to ask
-    watcher = SlurmInfoWatcher(delay_s=0)
+    watcher = _submitit().slurm.slurm.SlurmInfoWatcher(delay_s=0)
     for j in ids:
         watcher.register_job(j)
     watcher.update()
@@ -124,6 +136,10 @@ class SlurmExecutor:
         if missing:
             raise ValueError(f"--executor slurm needs Slurm's {' and '.join(missing)} on the PATH (run it on a "
                              f"login node of the cluster); valid executors here: local")
+        try:
+            _submitit()
+        except ModuleNotFoundError as e:
+            raise ValueError(f"--executor slurm: {e}") from None
 
     def run(self, units: Sequence[WorkUnit], store: str | Path | None, *, on_start: OnUnit | None = None,
             on_done: OnUnit | None = None, progress: bool = True,
@@ -181,7 +197,7 @@ class SlurmExecutor:
         ids = {unit_id(u) for u in units}
         known = {uid: r["job"] for uid, r in record.items() if uid in ids and r.get("job")}
         states = job_states(list(known.values()))
-        alive = {uid: submitit.SlurmJob(self.folder / "%j", job) for uid, job in known.items()
+        alive = {uid: _submitit().SlurmJob(self.folder / "%j", job) for uid, job in known.items()
                  if states.get(job, "UNKNOWN") in ACTIVE and states.get(job) != "UNKNOWN"}
         if alive:
             log(f"attached to {len(alive)} job(s) still pending or running: "
@@ -190,10 +206,12 @@ class SlurmExecutor:
 
     def _submit(self, units: Sequence[WorkUnit], store: str, log) -> dict[str, submitit.SlurmJob]:
         """Submit ``units`` (costliest first) as one array job and record them."""
+        from mx_proxy.experiments.executors.job import UnitJob  # subclasses submitit's Checkpointable
+
         if not units:
             return {}
         units = sorted(units, key=lambda u: -u.cost)
-        ex = submitit.SlurmExecutor(folder=self.folder / "%j", max_num_timeout=self.options.max_requeues)
+        ex = _submitit().SlurmExecutor(folder=self.folder / "%j", max_num_timeout=self.options.max_requeues)
         ex.update_parameters(**self.options.parameters())
         with ex.batch():
             track = tracking.current()  # the jobs stream where this process would (--track)
@@ -281,7 +299,7 @@ def jobs(folder: str | Path, store: str | Path) -> list[dict]:
         row = {"unit": r.get("name"), "labels": r.get("labels", []), "job": job, "state": "done",
                "checkpoint": None, "stdout": r.get("stdout"), "stderr": r.get("stderr"), "tail": ""}
         if not stored(store, keys):
-            outcome = _outcome(submitit.SlurmJob(folder / "%j", job), states.get(job, "UNKNOWN")) if job else None
+            outcome = _outcome(_submitit().SlurmJob(folder / "%j", job), states.get(job, "UNKNOWN")) if job else None
             state = states.get(job, "UNKNOWN")
             if outcome is None:
                 row["state"] = state.lower()
