@@ -1,5 +1,6 @@
 """``scripts/gpu_session.sh`` gives each GPU script the time left, in order, and starts none it cannot give 30 s."""
 
+import os
 import subprocess
 
 import gpu_scripts
@@ -12,3 +13,25 @@ def test_gpu_session_starts_no_job_without_the_time_for_it(tmp_path):
     assert [line.split(" not started")[0] for line in done.stdout.splitlines()] == [
         "gpu session: gpu_fig7.sh", "gpu session: gpu_seeds.sh", "gpu session: gpu_search.sh"]
     assert not (tmp_path / "results").exists()
+
+
+def test_gpu_session_gives_the_fig7_replica_its_options_and_the_others_none(tmp_path):
+    """Each job called as ``scripts/JOB SECONDS WORK [OPTIONS]`` (stand-ins that print their arguments): the Fig. 7
+    replica gets ``$FIG7_OPTIONS``, by default the Adam-epsilon arm appended."""
+    (tmp_path / "scripts").mkdir()
+    session = tmp_path / "scripts" / "gpu_session.sh"
+    session.write_text((gpu_scripts.ROOT / "scripts" / "gpu_session.sh").read_text())
+    for job in ("gpu_fig7.sh", "gpu_seeds.sh", "gpu_search.sh"):
+        (tmp_path / "scripts" / job).write_text(f'echo "{job} $2 ${{@:3}}"\n')
+
+    def jobs(**env):
+        done = subprocess.run(["bash", str(session), "100"], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=60, env={**os.environ, **env})
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    assert jobs() == ["gpu_fig7.sh /tmp/proxy-fig7 --arms adam_eps=1e-15", "gpu_seeds.sh /tmp/proxy-seeds ",
+                      "gpu_search.sh /tmp/proxy-search "]
+    options = "--arms rceil --group-size 4"
+    assert jobs(FIG7_OPTIONS=options)[0] == f"gpu_fig7.sh /tmp/proxy-fig7 {options}"
+    assert jobs(FIG7_OPTIONS="")[0] == "gpu_fig7.sh /tmp/proxy-fig7 "
