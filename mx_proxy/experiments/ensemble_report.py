@@ -178,17 +178,21 @@ def _loss_gap(result) -> list[str]:
         lines.append("")
     ends = result.end_loss_tests()
     if len(ends):
-        lines += [f"Loss against `{result.control}`, member by member, over every pair, blown up or not (the mean "
-                  f"over the last {ensemble_result.TAIL} steps; a member stopped before the horizon counts as the "
-                  f"higher): the sign test, and the median ratio over the pairs that both reached the horizon:", "",
-                  "| arm | pairs | arm lower / higher / tied | sign test p | median loss ratio |",
-                  "|---|---|---|---|---|"]
-        for e in ends.itertuples():
-            ratio = "–" if not math.isfinite(e.median_ratio) else f"{e.median_ratio:.3g}"
-            lines.append(f"| {_arm(result, e.arm)} | {e.pairs} | {e.lower} / {e.higher} / {e.ties} | {_p(e.sign_p)} "
-                         f"| {ratio} |")
-        lines.append("")
+        lines += _table(f"Loss against `{result.control}`, member by member, over every pair, blown up or not (the "
+                        f"mean over the last {ensemble_result.TAIL} steps; a member stopped before the horizon counts "
+                        f"as the higher): the sign test, and the median ratio over the pairs that both reached the "
+                        f"horizon:",
+                        ["arm", "pairs", "arm lower / higher / tied", "sign test p", "median loss ratio"],
+                        [[_arm(result, e.arm), e.pairs, f"{e.lower} / {e.higher} / {e.ties}", _p(e.sign_p),
+                          "–" if not math.isfinite(e.median_ratio) else f"{e.median_ratio:.3g}"]
+                         for e in ends.itertuples()]) + [""]
     return lines
+
+
+def _table(caption: str, columns: list[str], rows: list[list]) -> list[str]:
+    """A captioned Markdown table, as report lines."""
+    return ([caption, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+            + ["| " + " | ".join(str(v) for v in row) + " |" for row in rows])
 
 
 def _signals(result, history) -> list[str]:
@@ -196,16 +200,13 @@ def _signals(result, history) -> list[str]:
     lines = []
     sig = signals.score(result, history)
     if len(sig):
-        lines += [f"Which signal warns first (every {s.diagnostics} steps of every member before its blow-up, "
-                      f"pooled; AUC of predicting a blow-up within the next 100 / 500 steps; warned: the signal "
-                      f"was above its 95th percentile at quiet steps right before the blow-up; lead: median steps "
-                      f"from where it last rose above it, within the 500 steps before, to the blow-up):", "",
-                  "| signal | AUC, 100 steps | AUC, 500 steps | blow-ups warned of | median lead (steps) |",
-                  "|---|---|---|---|---|"]
-        for g in sig.itertuples():
-            lead = "–" if not math.isfinite(g.lead) else f"{g.lead:.0f}"
-            lines.append(f"| {g.label} | {_frac(g.auc_100)} | {_frac(g.auc_500)} | {g.warned} / {g.events} "
-                         f"| {lead} |")
+        lines += _table(f"Which signal warns first (every {s.diagnostics} steps of every member before its blow-up, "
+                        f"pooled; AUC of predicting a blow-up within the next 100 / 500 steps; warned: the signal "
+                        f"was above its 95th percentile at quiet steps right before the blow-up; lead: median steps "
+                        f"from where it last rose above it, within the 500 steps before, to the blow-up):",
+                        ["signal", "AUC, 100 steps", "AUC, 500 steps", "blow-ups warned of", "median lead (steps)"],
+                        [[g.label, _frac(g.auc_100), _frac(g.auc_500), f"{g.warned} / {g.events}",
+                          "–" if not math.isfinite(g.lead) else f"{g.lead:.0f}"] for g in sig.itertuples()])
     return lines
 
 
