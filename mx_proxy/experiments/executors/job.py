@@ -33,7 +33,10 @@ import subprocess
 import sys
 import time
 
-import submitit
+try:
+    from submitit.helpers import Checkpointable
+except ModuleNotFoundError:  # only submitting needs submitit (slurm._submitit says so): without it no job runs here
+    Checkpointable = object
 
 from mx_proxy.experiments import tracking
 from mx_proxy.experiments.executors.base import newest_checkpoint
@@ -99,7 +102,7 @@ def _say(text: str) -> None:
     print(f"[mx-proxy {time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
-class UnitJob(submitit.helpers.Checkpointable):
+class UnitJob(Checkpointable):
     """``fn(*args, store=store, progress=False)`` in a Slurm job (see the
     module docstring); returns a small summary (the runs are in the store)."""
 

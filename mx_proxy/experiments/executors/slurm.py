@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from mx_proxy.experiments import tracking
 from mx_proxy.experiments.executors.base import Failure, OnUnit, WorkUnit, newest_checkpoint, stored
+from mx_proxy.experiments.executors.job import UnitJob
 from mx_proxy.experiments.executors.options import SlurmOptions
 from mx_proxy.store import durable
 
@@ -206,8 +207,6 @@ class SlurmExecutor:
 
     def _submit(self, units: Sequence[WorkUnit], store: str, log) -> dict[str, submitit.SlurmJob]:
         """Submit ``units`` (costliest first) as one array job and record them."""
-        from mx_proxy.experiments.executors.job import UnitJob  # subclasses submitit's Checkpointable
-
         if not units:
             return {}
         units = sorted(units, key=lambda u: -u.cost)
