@@ -137,7 +137,10 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, help="a smaller batch (a test; default the parent run's, 2048)")
     args = p.parse_args(argv)
     if args.status:
-        print(ensemble_status.status(args.out).to_string(index=False))
+        try:
+            print(ensemble_status.status(args.out).to_string(index=False))
+        except ValueError as e:  # nothing started in OUT yet
+            p.error(str(e))
         return 0
     for name in ("members", "group_size", "width", "steps", "batch"):
         v = getattr(args, name)

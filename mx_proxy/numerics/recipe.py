@@ -93,6 +93,10 @@ MITIGATIONS: dict[str, Mitigation] = {m.name: m for m in (
     Mitigation("fp32_keep_bias", "switch to full precision but keep the recipe's LN-bias training as it was: on the "
                "paper_* recipes (bias frozen) this separates the precision switch from the bias that 'fp32' starts "
                "training; elsewhere it is 'fp32'", lambda r: Recipe("fp32", train_ln_bias=r.train_ln_bias)),
+    Mitigation("train_ln_bias", "train the LN bias, everything else unchanged: on the paper_* recipes (their MX "
+               "LayerNorm returns no bias gradient) the bias gets the gradient its backward computes, the sum of the "
+               "output gradient rounded as the recipe's LN backward rounds; the converse of 'fp32_keep_bias'",
+               lambda r: r.replace(train_ln_bias=True)),
 )}
 # every other scale rule (mx_proxy.numerics.scale_rules) as a change too: rceil and paper_bump above are the
 # paper's "bump the shared exponent" and the authors' bump, under the names and words the paper's tables use

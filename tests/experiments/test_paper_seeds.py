@@ -23,13 +23,15 @@ def test_members_are_the_exported_runs_config_at_other_seeds_paired_by_seed():
                     ("recipe", "seed", "data_seed", "paired_run", "checkpoint_at", "checkpoint_every")}
             assert same == {k: parent.to_dict()[k] for k in same}, arm
     assert spec.recipe("fp32_keep_bias").train_ln_bias == PRESETS["paper_e4m3"].train_ln_bias is False
+    assert P.spec_of(1, arms=("fp32", "train_ln_bias")).recipe("train_ln_bias").train_ln_bias  # the converse arm
 
 
 @pytest.mark.parametrize("args, message", [(["--members", "0"], "--members must be ≥ 1, got 0"),
                                            (["--hours", "-1"], "--hours must be > 0, got -1.0"),
                                            (["--group-size", "0"], "--group-size must be ≥ 1, got 0"),
                                            (["--arms", "fp32", "bogus"], "unknown arm"),
-                                           (["--committed", "/no/such/folder"], "is not a folder")])
+                                           (["--committed", "/no/such/folder"], "is not a folder"),
+                                           (["--status"], "not an ensemble folder")])
 def test_bad_options_exit_2_naming_the_value(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as e:
         P.main(["--out", str(tmp_path / "e"), *args])

@@ -23,6 +23,12 @@ def _x(shape=(16, 64), seed=0, scale=1.5):
     return np.asarray(jax.random.normal(jax.random.key(seed), shape) * scale, np.float32)
 
 
+def _bf16_away(a):
+    """bf16 rounding with ties away from zero, on the bits: half a bf16 ulp added to the magnitude, then cut."""
+    bits = np.asarray(a, np.float32).view(np.uint32)
+    return ((bits + np.uint32(0x8000)) & np.uint32(0xFFFF0000)).view(np.float32)
+
+
 def _bf16(a):
     return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
 
@@ -232,3 +238,26 @@ def test_new_norms_and_acts_train_in_fp32_and_mx(norm, act):
         else:
             assert ln_cols == set(), (name, sorted(ln_cols))
             assert all(set(run.params[b]) == {"fc1", "fc2", "fc2_bias"} for b in blocks)
+
+
+def test_train_ln_bias_gives_the_authors_layernorm_the_bias_gradient_its_backward_computes():
+    """paper_e4m3 freezes the LN bias (zero gradient); with ``train_ln_bias`` it gets the sum of the output
+    gradient over the rows, in bf16 with ties away from zero (the recipe's LN backward; a sum of bf16 values often
+    lands on a tie), and the input and gain gradients are unchanged."""
+    x, g = _x(), _x(seed=1, scale=0.3)
+    gain, bias = np.full(64, 0.93, np.float32), np.linspace(-0.1, 0.1, 64, dtype=np.float32)
+    frozen = recipes.get("paper_e4m3")
+    trained = mxp.mitigate(frozen, "train_ln_bias")
+    assert trained.train_ln_bias and trained == frozen.replace(name="paper_e4m3+train_ln_bias", train_ln_bias=True)
+    assert mxp.mitigate("mxfp8_e4m3", "train_ln_bias").train_ln_bias  # already trained: unchanged but its name
+
+    def grads(r):
+        _, vjp = jax.vjp(lambda a, w, b: layer_norm(a, w, b, r), x, gain, bias)
+        return [np.asarray(v) for v in vjp(jnp.asarray(g))]
+
+    dx0, dgain0, dbias0 = grads(frozen)
+    dx1, dgain1, dbias1 = grads(trained)
+    assert not dbias0.any()
+    np.testing.assert_array_equal(dbias1, _bf16_away(_bf16_away(g).sum(axis=0, dtype=np.float32)))
+    np.testing.assert_array_equal(dx1, dx0)
+    np.testing.assert_array_equal(dgain1, dgain0)
