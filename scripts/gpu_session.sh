@@ -9,7 +9,8 @@
 # resumable in its own WORK folder under /tmp and copies what it finished into $OUT (else into the repository);
 # a unit cut short is lost with the machine, so the time goes to one job at a time rather than split. A second
 # call on the same (still warm) machine resumes where the first stopped; commit what comes back. The Fig. 7 replica
-# gets $FIG7_OPTIONS (default: `--arms adam_eps=1e-15`, the Adam-epsilon mechanism arm appended after the spec's).
+# gets $FIG7_OPTIONS (default: `--arms adam_eps=1e-15 train_ln_bias`, the two mechanism arms appended after the
+# spec's: Adam's epsilon, and the authors' computation with its LN bias trained).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 END=$(( $(date +%s) + ${1:-520} ))
@@ -21,7 +22,7 @@ for job in "gpu_fig7.sh /tmp/proxy-fig7" "gpu_seeds.sh /tmp/proxy-seeds" "gpu_se
     continue
   fi
   if [ "$1" = gpu_fig7.sh ]; then
-    bash "scripts/$1" "$LEFT" "$2" ${FIG7_OPTIONS---arms adam_eps=1e-15}
+    bash "scripts/$1" "$LEFT" "$2" ${FIG7_OPTIONS---arms adam_eps=1e-15 train_ln_bias}
   else
     bash "scripts/$1" "$LEFT" "$2"
   fi

@@ -117,14 +117,25 @@ def run(spec: _ens.Ensemble, out, *, group_size: int | None = 1, hours: float | 
     return n
 
 
+def default_arms(out, committed: Path | None) -> tuple[str, ...]:
+    """The arms a command without ``--arms`` trains: those of the ensemble saved in ``out`` (a resume), else of
+    the ``committed`` one (a fresh folder continues it, e.g. on a GPU, without dropping an arm appended since),
+    else :data:`ARMS`."""
+    for folder in (Path(out).expanduser() / "results", committed):
+        if folder is not None and (folder / _ens.SPEC_FILE).exists():
+            return _ens.read_spec(folder).arms
+    return ARMS
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m mx_proxy.experiments.paper_seeds", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="the ensemble's folder (OUT/runs, OUT/results); resumable")
     p.add_argument("--members", type=int, default=MEMBERS, help="seeds per arm (default 4: seeds 1-4)")
-    p.add_argument("--arms", nargs="+", default=ARMS, metavar="ARM",
-                   help=f"the arms, the control first (default {' '.join(ARMS)}); more than a saved "
-                        f"ensemble's extend it, e.g. {' '.join(ARMS)} fp32_keep_bias")
+    p.add_argument("--arms", nargs="+", metavar="ARM",
+                   help=f"the arms, the control first (default: those of the ensemble saved in OUT, else of the "
+                        f"committed one, else {' '.join(ARMS)}); more than a saved ensemble's extend it, e.g. "
+                        f"{' '.join(ARMS)} fp32_keep_bias")
     p.add_argument("--group-size", type=int, default=1, help="members trained as one program (default 1)")
     p.add_argument("--hours", type=float, help="stop (between units) after this many hours; rerun to continue")
     p.add_argument("--status", action="store_true", help="print where each arm stands, train nothing")
@@ -151,16 +162,16 @@ def main(argv=None) -> int:
     changes = {k: getattr(args, k) for k in ("width", "steps", "batch") if getattr(args, k) is not None}
     if "steps" in changes:
         changes["val_every"] = 0  # the parent's validation period need not divide a test's steps
-    try:
-        spec = spec_of(args.members, arms=args.arms, **changes)
-    except ValueError as e:
-        p.error(str(e))
     if args.committed is None:  # the repository's folder, where this checkout has one
         committed = COMMITTED if COMMITTED.is_dir() else None
     else:
         committed = None if args.committed == "none" else Path(args.committed)
         if committed is not None and not committed.is_dir():
             p.error(f"--committed {args.committed!r} is not a folder (give a results folder, or none)")
+    try:
+        spec = spec_of(args.members, arms=args.arms or default_arms(args.out, committed), **changes)
+    except ValueError as e:
+        p.error(str(e))
     run(spec, args.out, group_size=args.group_size, hours=args.hours, committed=committed)
     print(ensemble_status.status(args.out).to_string(index=False))
     return 0

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from mx_proxy.experiments import ensemble as E
 from mx_proxy.experiments import paper_seeds as P
 from mx_proxy.numerics.recipe import PRESETS
 from mx_proxy.training.config import Config
@@ -65,3 +66,14 @@ def test_a_fresh_out_starts_from_the_committed_members_with_its_config(tmp_path,
     assert P.copy_committed(other, tmp_path / "other", committed) == []  # another config: nothing copied
     assert P.copy_committed(spec, tmp_path / "repo", P.COMMITTED) == []  # the committed width-512 members
     assert P.copy_committed(spec, first, committed) == []  # its own results folder
+
+
+def test_without_arms_a_command_trains_the_saved_or_the_committed_ensembles_arms(tmp_path):
+    """A fresh folder on a GPU continues the committed ensemble with every arm appended since (not the three
+    defaults, which would write a spec without them over the committed one); a resume keeps its own."""
+    committed, out = tmp_path / "committed", tmp_path / "out"
+    assert P.default_arms(out, None) == P.ARMS
+    E.write_spec(P.spec_of(1, arms=(*P.ARMS, "fp32_keep_bias"), **TINY), committed)
+    assert P.default_arms(out, committed) == (*P.ARMS, "fp32_keep_bias")
+    E.write_spec(P.spec_of(1, arms=("fp32", "train_ln_bias"), **TINY), out / "results")
+    assert P.default_arms(out, committed) == ("fp32", "train_ln_bias")

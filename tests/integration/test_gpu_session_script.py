@@ -17,7 +17,7 @@ def test_gpu_session_starts_no_job_without_the_time_for_it(tmp_path):
 
 def test_gpu_session_gives_the_fig7_replica_its_options_and_the_others_none(tmp_path):
     """Each job called as ``scripts/JOB SECONDS WORK [OPTIONS]`` (stand-ins that print their arguments): the Fig. 7
-    replica gets ``$FIG7_OPTIONS``, by default the Adam-epsilon arm appended."""
+    replica gets ``$FIG7_OPTIONS``, by default the two mechanism arms appended."""
     (tmp_path / "scripts").mkdir()
     session = tmp_path / "scripts" / "gpu_session.sh"
     session.write_text((gpu_scripts.ROOT / "scripts" / "gpu_session.sh").read_text())
@@ -30,8 +30,8 @@ def test_gpu_session_gives_the_fig7_replica_its_options_and_the_others_none(tmp_
         assert done.returncode == 0, done.stderr
         return done.stdout.splitlines()
 
-    assert jobs() == ["gpu_fig7.sh /tmp/proxy-fig7 --arms adam_eps=1e-15", "gpu_seeds.sh /tmp/proxy-seeds ",
-                      "gpu_search.sh /tmp/proxy-search "]
+    assert jobs() == ["gpu_fig7.sh /tmp/proxy-fig7 --arms adam_eps=1e-15 train_ln_bias",
+                      "gpu_seeds.sh /tmp/proxy-seeds ", "gpu_search.sh /tmp/proxy-search "]
     options = "--arms rceil --group-size 4"
     assert jobs(FIG7_OPTIONS=options)[0] == f"gpu_fig7.sh /tmp/proxy-fig7 {options}"
     assert jobs(FIG7_OPTIONS="")[0] == "gpu_fig7.sh /tmp/proxy-fig7 "
