@@ -8,8 +8,9 @@
 # check (scripts/gpu_kernels.py, at most a quarter of SECONDS: by default only its Mosaic GPU probe and the
 # environment, the kernels' tests and bench having been measured on 2026-12-04; KERNELS=full adds them) and then
 # the ensembles (scripts/gpu_session.sh, the rest) with $OUT pointed at a staging folder, and packs that folder
-# into $OUT/gpu_out.tar.gz with the two logs beside it. Unpack the archive in the repository root (`tar xzf gpu_out.tar.gz`): its paths are the
-# repository's (results/..., plus gpu_kernels.log and gemm_tuning.json at its top).
+# into $OUT/gpu_out.tar.gz with the two logs beside it. Unpack the archive in the repository root
+# (`tar xzf gpu_out.tar.gz`): its paths are the repository's (results/..., plus gpu_kernels.log and
+# gemm_tuning.json at its top).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 TOTAL="${1:-560}"

@@ -19,14 +19,20 @@ from mx_proxy.numerics import recipe_json
 from mx_proxy.training.config import Config
 from mx_proxy.training.result import Run
 
-__all__ = ["instability", "jump_ratio", "loss_jump_ratio", "blowup_window", "summary", "clamp_window",
-           "zeta_by_clamping", "paper_metric_table", "unstable_at", "unstable_after", "gain_drift", "headline"]
+__all__ = ["instability", "jump_ratio", "loss_jump_ratio", "blowup_window", "window_for_steps", "summary",
+           "clamp_window", "zeta_by_clamping", "paper_metric_table", "unstable_at", "unstable_after", "gain_drift",
+           "headline"]
 
 
 def blowup_window(run: Run) -> int:
     """W, the steps over which :func:`instability` takes the running minimum:
     100, or a tenth of a short run (at least 10)."""
-    return max(10, min(100, run.config.steps // 10))
+    return window_for_steps(run.config.steps)
+
+
+def window_for_steps(steps: int) -> int:
+    """:func:`blowup_window` of a run configured for ``steps`` steps (a recorded history without its Run)."""
+    return max(10, min(100, steps // 10))
 
 
 def jump_ratio(run: Run) -> np.ndarray:

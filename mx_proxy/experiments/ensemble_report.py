@@ -59,7 +59,7 @@ def _state(result, history: pd.DataFrame | None) -> list[str]:
     s = result.spec
     if s.kind != "branch" or history is None or not len(history):
         return []
-    window = max(10, min(100, s.base.steps // 10))  # analysis.blowup_window of the state's run
+    window = analysis.window_for_steps(s.base.steps)
     said = []
     for col, who in (("loss", f"its run (`{s.base.recipe.name}`)"), ("ref_loss", "its FP32 twin")):
         if col not in history:
