@@ -2,8 +2,10 @@
 
 Per arm: members exported (done), members with a checkpoint (their newest
 step; ``training`` while the process that writes it lives, ``interrupted``
-once it is gone: rerunning the command resumes them; ``waiting`` where some
-members are exported and none of the rest has started), member-steps done and
+once it is gone: rerunning the command resumes them; ``training`` too for a
+member whose process lives but has not written its first checkpoint yet;
+``waiting`` where some members are exported and none of the rest has
+started), member-steps done (to the newest checkpoint) and
 left, the measured seconds per member-step (a checkpoint's ``wall_time_s``,
 summed over a resumed member's stretches, over the steps it covers; the
 median over members, per model, a member trained beside its FP32 twin
@@ -32,19 +34,24 @@ from mx_proxy.store import durable
 __all__ = ["status", "jobs", "with_jobs"]
 
 
-def _member_progress(root: Path, key: str, start: int) -> tuple[str, int, float | None]:
-    """(state, newest checkpoint step, seconds per step) of one member's training folders."""
-    best = (None, start, None)
+def _member_progress(root: Path, key: str, start: int) -> tuple[str | None, int | None, float | None]:
+    """(state, newest checkpoint step, seconds per step) of one member's training folders; the step is None
+    for a member whose live process has written no checkpoint yet (``training``), and the state None where no
+    folder is being trained or can be resumed."""
+    best: tuple[str | None, int | None, float | None] = (None, None, None)
     for part in sorted(root.glob(f"{key}.partial-*")):
         cdir = part / "checkpoints"
         found = ckpt.steps(cdir)
+        gone = durable.owner_gone(part.name.rsplit(".partial-", 1)[1])
         if not found:
+            if not gone and best[0] is None:  # started, before its first checkpoint; a dead one restarts anew
+                best = ("training", None, None)
             continue
         step = found[-1]
         wall = ckpt.meta(cdir, step).get("wall_time_s")
-        state = "interrupted" if durable.owner_gone(part.name.rsplit(".partial-", 1)[1]) else "training"
+        state = "interrupted" if gone else "training"
         rate = float(wall) / (step - start) if wall and step > start else None
-        if step >= best[1]:
+        if best[1] is None or step >= best[1]:
             best = (state, step, rate)
     return best
 
@@ -69,8 +76,9 @@ def status(out) -> pd.DataFrame:
                 continue
             state, step, rate = _member_progress(root, key, spec.start)
             if state is not None:
-                running += 1
                 states.add(state)
+            if step is not None:
+                running += 1
                 steps_done += step - spec.start
                 if rate is not None:
                     rates.append(rate / models)

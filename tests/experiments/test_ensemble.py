@@ -165,6 +165,27 @@ def test_status_tells_an_arm_waiting_for_its_next_member_from_one_not_started(tr
     assert st.loc["unchanged", "done"] == 0 and st.loc["unchanged", "state"] == "not started"
 
 
+def test_status_tells_a_member_training_before_its_first_checkpoint_from_one_left_by_a_dead_process(tmp_path):
+    """A member's training folder whose process lives but has no checkpoint yet is ``training`` (no steps
+    counted); one left without a checkpoint by a process that is gone restarts from the start: ``not started``."""
+    import subprocess
+    import sys
+
+    from mx_proxy.store import durable
+
+    base = mxp.Config(width=16, depth=2, batch=32, steps=20, lr=3e-3, diagnostics_every=5)
+    spec = E.Ensemble("s", "seed", base, ("fp32", "mxfp8_e4m3"), 4, 20)
+    E.prepare(spec, tmp_path)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host = durable.mark().partition("@")[2]
+    (tmp_path / "runs" / f"{E.member_key(spec, 'fp32', 0, None)}.partial-{durable.mark()}").mkdir(parents=True)
+    (tmp_path / "runs" / f"{E.member_key(spec, 'mxfp8_e4m3', 0, None)}.partial-{dead.stdout.strip()}@{host}").mkdir()
+    st = ensemble_status.status(tmp_path).set_index("arm")
+    assert st.loc["fp32", "state"] == "training" and st.loc["fp32", "with_checkpoint"] == 0
+    assert st.loc["mxfp8_e4m3", "state"] == "not started"
+    assert (st["member_steps_done"] == 0).all() and (st["member_steps_left"] == 4 * 20).all()
+
+
 def test_cli_resumes_the_saved_spec_and_refuses_another(trained, parent, tmp_path, capsys):
     spec, out, _ = trained
     assert cli.main(["ensemble", "--out", str(out), "--quiet"]) == 0  # everything stored: loads and reports
