@@ -56,14 +56,23 @@ def cluster():
         os.environ["SLURM_CONF"] = before
 
 
-def _wait(what, predicate, timeout=120.0):
+def _wait(what, predicate, timeout=120.0, job=None):
+    """``predicate()``'s first true value within ``timeout`` seconds; on a timeout, what Slurm says of ``job``."""
     t0 = time.time()
     while time.time() - t0 < timeout:
         value = predicate()
         if value:
             return value
         time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}" + (_job_detail(job) if job else ""))
+
+
+def _job_detail(job: str) -> str:
+    """``scontrol show job`` and the last lines of the job's log, for a failure message."""
+    shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+    log = next((line.split("=", 1)[1] for line in shown.split() if line.startswith("StdOut=")), None)
+    tail = Path(log).read_text().splitlines()[-20:] if log and Path(log).exists() else []
+    return "\n" + shown + "\n".join(["the job's log, last lines:", *tail])
 
 
 def _same_metrics(a: pd.DataFrame, b: pd.DataFrame):
@@ -141,8 +150,9 @@ def test_a_preempted_then_cancelled_job_resumes_and_ends_equal_to_an_uninterrupt
         (record,) = _slurm.read_record(store / ".slurm").values()
         job = record["job"]
         subprocess.run(["scancel", "--signal=USR2", job], check=True)  # Slurm's warning before a preemption
-        stopped = _wait("the requeue", lambda: _state(job) == "PENDING" and _checkpoints(store))[-1]
-        _wait("a checkpoint after the requeue", lambda: _start_now(job) and _checkpoints(store)[-1] > stopped)
+        stopped = _wait("the requeue", lambda: _state(job) == "PENDING" and _checkpoints(store), job=job)[-1]
+        _wait(f"a checkpoint after the requeue (stopped at {stopped})",
+              lambda: _start_now(job) and _checkpoints(store)[-1] > stopped, job=job)
         subprocess.run(["scancel", job], check=True)  # SIGTERM: checkpoint, exit
         out, err = running.communicate(timeout=120)
     finally:
