@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from mx_proxy.experiments import analysis, ensemble_result, signals, stats
+from mx_proxy.experiments import analysis, ensemble_result, power, signals, stats
 from mx_proxy.experiments.ensemble import HISTORY, HISTORY_FILE, TWIN
 from mx_proxy.experiments.ensemble_result import RULE
 from mx_proxy.experiments.ensemble_spec import results_folder
@@ -146,11 +146,13 @@ def _paired(result) -> list[str]:
                       f"blew up or not, and the log-rank test on the times to blow-up (+: `{result.control}` blows "
                       f"up sooner):", "",
                   "| arm | pairs | blew up: only control / only arm / both / neither | McNemar p | log-rank z | "
-                  "log-rank p |", "|---|---|---|---|---|---|"]
+                  "log-rank p | pairs needed |", "|---|---|---|---|---|---|---|"]
         for t in tests.itertuples():
+            needed = ("–" if t.only_control == t.only_arm
+                      else f"> {power.MOST_PAIRS}" if pd.isna(t.pairs_needed) else str(t.pairs_needed))
             lines.append(f"| {_arm(result, t.arm)} | {t.pairs} | {t.only_control} / {t.only_arm} / {t.both} / "
-                         f"{t.neither} | {_p(t.mcnemar_p)} | {_frac(t.logrank)} | {_p(t.logrank_p)} |")
-        lines.append("")
+                         f"{t.neither} | {_p(t.mcnemar_p)} | {_frac(t.logrank)} | {_p(t.logrank_p)} | {needed} |")
+        lines += ["", _power_line(result), ""]
     omnibus = result.all_arms_test()
     if omnibus is not None and len(omnibus[0]) > 2:
         arms, q = omnibus
@@ -161,6 +163,20 @@ def _paired(result) -> list[str]:
                   f"has: Cochran's Q = "
                   f"{q.statistic:.2f}, p = {_p(q.pvalue)} ({how}).", ""]
     return lines
+
+
+def _power_line(result) -> str:
+    pairs, p, above, below = result.detectable()
+    pct = f"{ensemble_result.POWER:.0%}".replace("%", " %")
+    sides = [f"at least {above:.2f}" if math.isfinite(above) else "",
+             f"at most {below:.2f}" if math.isfinite(below) else ""]
+    told = " or ".join(s for s in sides if s)
+    at = (f"an arm is told apart with {pct} probability only at a rate of {told}" if told
+          else f"no rate of an arm is told apart with {pct} probability")
+    return (f"Pairs needed: how many pairs McNemar's test (level 0.05) needs to tell the two observed rates apart "
+            f"with {pct} probability if outcomes were independent within a pair (a planning figure at the point "
+            f"estimates, not a result; correlated outcomes change it). With {pairs} pairs and "
+            f"`{result.control}`'s rate {p:.2f}, {at}.")
 
 
 def _loss_gap(result) -> list[str]:

@@ -24,7 +24,10 @@ The tables (:class:`EnsembleResult`), each computed by
   with its band;
 - :meth:`~EnsembleResult.paired_tests`: each arm against the control (the
   first arm), member by member (same perturbation): McNemar's exact test
-  and the log-rank test; :meth:`~EnsembleResult.all_arms_test`: every arm at
+  and the log-rank test, with the pairs a difference as large as the
+  observed one needs (:mod:`mx_proxy.experiments.power`), and
+  :meth:`~EnsembleResult.detectable`: the rates the pairs at hand can tell
+  from the control's; :meth:`~EnsembleResult.all_arms_test`: every arm at
   once (the ``twin`` aside), Cochran's Q;
 - :meth:`~EnsembleResult.loss_gap`: over the members that stayed stable to the horizon, the
   mean loss over the last 100 steps against the FP32 member with the same
@@ -44,7 +47,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from mx_proxy.experiments import analysis, stats
+from mx_proxy.experiments import analysis, power, stats
 from mx_proxy.experiments import ensemble as _ens
 from mx_proxy.experiments.ensemble import TWIN, Ensemble, member_label, read_spec
 from mx_proxy.experiments.ensemble_spec import load_member, results_folder
@@ -52,11 +55,15 @@ from mx_proxy.runner import loop as runner
 from mx_proxy.training.config import Config
 from mx_proxy.training.result import Run
 
-__all__ = ["ensemble", "EnsembleResult", "load", "load_member", "outcomes", "TAIL", "RULE", "FACTORS", "RECOVERED"]
+__all__ = ["ensemble", "EnsembleResult", "load", "load_member", "outcomes", "TAIL", "RULE", "FACTORS", "RECOVERED",
+           "POWER"]
 
 TAIL = 100  # steps whose mean loss the loss gap compares
 RULE = 10.0
 """The blow-up rule's factor: a loss above ``RULE`` × its minimum over the previous 100 steps."""
+POWER = 0.8
+"""The power the planning figures ask for (:meth:`EnsembleResult.paired_tests`' ``pairs_needed``,
+:meth:`EnsembleResult.detectable`)."""
 FACTORS = (5.0, 10.0, 100.0, 1000.0)
 """The factors :meth:`EnsembleResult.sensitivity` puts in place of :data:`RULE`."""
 RECOVERED = 2.0
@@ -157,16 +164,42 @@ class EnsembleResult:
         """Each other arm against ``control`` (default: the first arm) over the
         members both have: McNemar's exact test on blew up / did not, and the
         log-rank test on the times (a positive statistic: the control's
-        blow-ups come sooner)."""
+        blow-ups come sooner); ``pairs_needed``: the pairs McNemar's test needs
+        to tell the two observed rates apart with :data:`POWER` probability at
+        level 0.05, outcomes independent within a pair
+        (:func:`~mx_proxy.experiments.power.pairs_needed`; ``<NA>`` where the
+        rates are equal or 2000 pairs do not suffice) — a planning figure at
+        the point estimates, not a result."""
         control = control or self.control
         rows = []
         for arm, c, a, both in self._pairs(control):
             mc = stats.mcnemar(c.loc[both, "event"], a.loc[both, "event"])
             lr = stats.logrank(c.loc[both, "time"], c.loc[both, "event"], a.loc[both, "time"], a.loc[both, "event"])
+            p_c, p_a = float(c.loc[both, "event"].mean()), float(a.loc[both, "event"].mean())
             rows.append({"arm": arm, "control": control, "pairs": len(both), "only_control": mc.only_a,
                          "only_arm": mc.only_b, "both": mc.both, "neither": mc.neither, "mcnemar_p": mc.pvalue,
-                         "logrank": lr.statistic, "logrank_p": lr.pvalue})
-        return pd.DataFrame(rows)
+                         "logrank": lr.statistic, "logrank_p": lr.pvalue,
+                         "pairs_needed": power.pairs_needed(p_c, p_a, POWER) if p_c != p_a else None})
+        df = pd.DataFrame(rows)
+        if len(df):
+            df["pairs_needed"] = df["pairs_needed"].astype("Int64")
+        return df
+
+    def detectable(self, control: str | None = None) -> tuple[int, float, float, float] | None:
+        """What the pairs at hand can detect: ``(pairs, p, above, below)``, where ``pairs`` is the fewest
+        members another arm shares with ``control`` (default: the first arm), ``p`` the control's rate over
+        them, and ``above``/``below`` the nearest rates that McNemar's test (level 0.05) tells from ``p`` with
+        probability :data:`POWER` over that many pairs, outcomes independent within a pair
+        (:func:`~mx_proxy.experiments.power.detectable`; NaN where no rate on that side is). ``None`` without
+        another arm."""
+        control = control or self.control
+        pairs = [(c, both) for _, c, _, both in self._pairs(control)]
+        if not pairs:
+            return None
+        c, both = min(pairs, key=lambda cb: len(cb[1]))
+        p_c = float(c.loc[both, "event"].mean())
+        above, below = power.detectable(p_c, len(both), POWER)
+        return len(both), p_c, above, below
 
     def all_arms_test(self, seed: int = 0) -> tuple[tuple[str, ...], stats.CochranQ] | None:
         """Whether the arms differ at all: Cochran's Q over the members every

@@ -8,7 +8,7 @@ import pytest
 
 import mx_proxy as mxp
 from mx_proxy.experiments import ensemble as E
-from mx_proxy.experiments import ensemble_result, signals, stats
+from mx_proxy.experiments import ensemble_report, ensemble_result, power, signals, stats
 from mx_proxy.training.result import Run
 
 BASE = mxp.Config(width=16, depth=2, steps=100, paired_run=True, diagnostics_every=5, recipe="paper_e4m3")
@@ -72,6 +72,20 @@ def test_paired_tests_against_the_control(result):
     assert t.loc["fp32", ["only_control", "only_arm", "both", "neither"]].tolist() == [3, 0, 0, 1]
     assert t.loc["fp32", "mcnemar_p"] == pytest.approx(0.25)  # 2 · (1/2)^3
     assert t.loc["fp32", "logrank"] > 0 and t.loc["fp32", "logrank_p"] < 0.05
+    # 3 / 4 against 0 / 4: the fewest pairs whose exact power at those rates reaches 0.8, found by scanning here
+    first = next(n for n in range(1, 200) if power.mcnemar_power(0.75, 0.0, n) >= 0.8)
+    assert t.loc["fp32", "pairs_needed"] == first
+    assert t.loc["twin", "only_control"] == 3 and t.loc["twin", "pairs_needed"] == first  # the twin never blew up
+
+
+def test_detectable_rates_over_the_pairs_at_hand(result):
+    pairs, p, above, below = result.detectable()
+    assert (pairs, p) == (4, 0.75)
+    assert math.isnan(above) and math.isnan(below)  # 4 pairs: the exact test can reject nothing at 0.05
+    assert power.mcnemar_power(0.75, 0.0, 4) == 0.0
+    text = "\n".join(ensemble_report._paired(result))
+    assert "| pairs needed |" in text and "| 4 | 3 / 0 / 0 / 1 | 0.25 |" in text
+    assert "With 4 pairs and `unchanged`'s rate 0.75, no rate of an arm is told apart with 80 % probability." in text
 
 
 def test_loss_gap_over_stable_pairs_only(result):
