@@ -175,7 +175,7 @@ def _power_line(result) -> str:
           else f"no rate of an arm is told apart with {pct} probability")
     return (f"Pairs needed: how many pairs McNemar's test (level 0.05) needs to tell the two observed rates apart "
             f"with {pct} probability if outcomes were independent within a pair (a planning figure at the point "
-            f"estimates, not a result; correlated outcomes change it). With {pairs} pairs and "
+            f"estimates, not a result; correlated outcomes change it). With {pairs} pair{'s' * (pairs != 1)} and "
             f"`{result.control}`'s rate {p:.2f}, {at}.")
 
 
