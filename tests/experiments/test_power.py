@@ -86,6 +86,9 @@ def test_eight_pairs_detect_only_large_differences():
     nothing below it (a fall to 0 gives at most 8 · ⅛ discordant pairs on average, and 6 are needed)."""
     above, below = power.detectable(0.125, 8)
     assert above == pytest.approx(0.938, abs=1e-9) and math.isnan(below)
+    # docs/ensembles.md quotes these: 1 in 8 against 3 in 8
+    assert power.mcnemar_power(0.125, 0.375, 8) == pytest.approx(0.014, abs=5e-4)
+    assert power.pairs_needed(0.125, 0.375) == 53
 
 
 @pytest.mark.parametrize("call,message", [
