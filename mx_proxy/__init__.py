@@ -15,6 +15,7 @@ The public API a notebook sees::
     ens.rates()                   # P(blow-up) per arm, Clopper–Pearson 95 % intervals;
                                   # ens.paired_tests(), ens.survival(arm)
     mxp.plots.survival(ens)       # Kaplan–Meier curves per arm with their bands
+    mxp.power.pairs_needed(0.125, 0.375)   # 53: the pairs McNemar's test needs to tell 1 in 8 from 3 in 8 (80 %)
 
     spec = mxp.MXSpec("fp8_e4m3")           # block 32, OCP floor scale, ties to even
     q = mxp.quantize(x, spec, axis=-1)       # float32 values on the MX grid
@@ -67,12 +68,13 @@ _LAZY = {
     'train': ('mx_proxy.runner.loop', 'train'),
     'with_checkpoint': ('mx_proxy.runner.interventions', 'with_checkpoint'),
     'plots': ('mx_proxy.viz.plots', None),
+    'power': ('mx_proxy.experiments.power', None),
     'track': ('mx_proxy.experiments.tracking', 'track'),
 }
 
 __all__ = ['formats', 'recipes', 'Config', 'ElementFormat', 'GNMR', 'explore', 'ensemble', 'load_ensemble', 'Ensemble',
            'MITIGATIONS', 'MXSpec', 'NVFP4', 'QuantStats', 'Recipe', 'Run', 'Sweep', 'intervene', 'load', 'mitigate',
-           'quantize', 'quantize_stats', 'sweep', 'train', 'with_checkpoint', 'plots', 'track', '__version__']
+           'quantize', 'quantize_stats', 'sweep', 'train', 'with_checkpoint', 'plots', 'power', 'track', '__version__']
 
 
 def __getattr__(name: str):
