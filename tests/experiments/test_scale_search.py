@@ -2,12 +2,12 @@
 atomically, an older header is upgraded with its rows kept, and a file that is not the search's is refused."""
 
 import csv
-import os
+import subprocess
+import sys
 
 import pytest
 
 from mx_proxy.experiments import scale_search as S
-from mx_proxy.store import durable
 
 
 def _read_raw(path):
@@ -65,26 +65,32 @@ def test_a_file_that_is_not_the_searchs_is_refused_and_left_as_it_was(tmp_path, 
     assert path.read_bytes() == content.encode()
 
 
+_KILLED_WHILE_APPENDING = """
+import os, sys
+from mx_proxy.experiments import scale_search as S
+from mx_proxy.store import durable
+for k in range(3):  # killed before writing, before the fsync, before the rename
+    pid = os.fork()  # this process has started no thread: JAX is imported, not initialized
+    if pid == 0:
+        steps = iter(range(k + 1))
+        durable.FAULT_HOOK = lambda step: os._exit(17) if next(steps) == k else None
+        S.append_row({"experiment": "e2", "label": "b"}, sys.argv[1])
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    print(os.waitstatus_to_exitcode(status))
+"""
+
+
 def test_a_kill_while_appending_leaves_the_old_file(tmp_path):
+    """Each child is killed at one file-system step; it forks from a fresh process, not from this one, whose
+    JAX threads a fork could deadlock."""
     path = tmp_path / "search.csv"
     S.append_row({"experiment": "e1", "label": "a"}, path)
     before = path.read_bytes()
-    for k in range(3):  # killed before writing, before the fsync, before the rename
-        pid = os.fork()
-        if pid == 0:
-            try:
-                steps = iter(range(k + 1))
-
-                def hook(step, steps=steps, k=k):
-                    if next(steps) == k:
-                        os._exit(17)
-
-                durable.FAULT_HOOK = hook
-                S.append_row({"experiment": "e2", "label": "b"}, path)
-            finally:
-                os._exit(0)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 17
-        assert path.read_bytes() == before
+    out = subprocess.run([sys.executable, "-c", _KILLED_WHILE_APPENDING, str(path)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["17", "17", "17"]
+    assert path.read_bytes() == before
     S.append_row({"experiment": "e2", "label": "b"}, path)  # a leftover temporary file is no obstacle
     assert [r["label"] for r in S.read_rows(path)] == ["a", "b"]
