@@ -85,35 +85,40 @@ def _rejects(only_a, only_b, most: int, alpha: float) -> np.ndarray:
     return st.binom.cdf(c, d, q) + st.binom.sf(d - c - 1, d, q)
 
 
+def _discordant(p_a: float, p_b: float, both: float | None, alpha: float) -> tuple[float, float]:
+    """(P(only A blows up), P(only B blows up)) within a pair, once the arguments are checked."""
+    both = _check(p_a, p_b, both, alpha)
+    return max(p_a - both, 0.0), max(p_b - both, 0.0)
+
+
+def _power_at(pairs: int, disc: float, rejects: np.ndarray) -> float:
+    """The power over ``pairs`` pairs, each discordant with probability ``disc``, from ``rejects[d]`` =
+    P(reject | d discordant pairs) (:func:`_rejects`, at least ``pairs + 1`` long)."""
+    return float(_st().binom.pmf(np.arange(pairs + 1), pairs, disc) @ rejects[: pairs + 1])
+
+
 def mcnemar_power(p_a: float, p_b: float, pairs: int, alpha: float = 0.05, both: float | None = None) -> float:
     """P(McNemar's exact two-sided test rejects at level ``alpha``) over ``pairs`` pairs whose arms blow up
     with probabilities ``p_a`` and ``p_b``, both members of a pair with probability ``both`` (default
     ``p_a · p_b``: independent within a pair). 0 where no pair can be discordant."""
-    both = _check(p_a, p_b, both, alpha)
+    only_a, only_b = _discordant(p_a, p_b, both, alpha)
     pairs = _check_pairs(pairs)
-    only_a, only_b = max(p_a - both, 0.0), max(p_b - both, 0.0)
     if only_a + only_b == 0:
         return 0.0
-    r = _rejects(only_a, only_b, pairs, float(alpha))[0]
-    return float(_st().binom.pmf(np.arange(pairs + 1), pairs, only_a + only_b) @ r)
+    return _power_at(pairs, only_a + only_b, _rejects(only_a, only_b, pairs, float(alpha))[0])
 
 
 def pairs_needed(p_a: float, p_b: float, power: float = 0.8, alpha: float = 0.05, both: float | None = None,
                  most: int = MOST_PAIRS) -> int | None:
     """The fewest pairs whose :func:`mcnemar_power` reaches ``power``; ``None`` if ``most`` pairs do not (or
     no pair can be discordant)."""
-    both = _check(p_a, p_b, both, alpha)
+    only_a, only_b = _discordant(p_a, p_b, both, alpha)
     power, most = _check_power(power), _check_pairs(most)
-    only_a, only_b = max(p_a - both, 0.0), max(p_b - both, 0.0)
     disc = only_a + only_b
     if disc == 0:
         return None
     r = _rejects(only_a, only_b, most, float(alpha))[0]
-    binom = _st().binom
-    for n in range(1, most + 1):
-        if binom.pmf(np.arange(n + 1), n, disc) @ r[: n + 1] >= power:
-            return n
-    return None
+    return next((n for n in range(1, most + 1) if _power_at(n, disc, r) >= power), None)
 
 
 def detectable(p_a: float, pairs: int, power: float = 0.8, alpha: float = 0.05) -> tuple[float, float]:
