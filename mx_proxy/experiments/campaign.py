@@ -138,8 +138,9 @@ def export(run_: Run, label: str, kind: str, results: str | os.PathLike) -> Path
     meta = {
         "label": label, "kind": kind, "diverged_at": run_.diverged_at, "steps_run": int(len(run_.metrics)),
         "final_loss": run_.final_loss, "wall_time_s": run_.wall_time_s, "key": run_.info.get("key"),
-        "intervention": run_.info.get("intervention"), "parent": run_.info.get("parent"),
-        "code_version": _store.code_version(), "git_commit": _git_commit(),
+        # the intervention's keys sorted, as the store returns them, so a re-export writes the same bytes
+        "intervention": json.loads(json.dumps(run_.info.get("intervention"), sort_keys=True, default=str)),
+        "parent": run_.info.get("parent"), "code_version": _store.code_version(), "git_commit": _git_commit(),
         "device": f"{jax.default_backend()}: {jax.devices()[0].device_kind}", "host": platform.node(),
     }
     for name, write in (("metrics.parquet", lambda p: run_.metrics.to_parquet(p, index=False)),

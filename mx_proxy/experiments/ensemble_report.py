@@ -154,14 +154,17 @@ def _paired(result) -> list[str]:
                          f"{t.neither} | {_p(t.mcnemar_p)} | {_frac(t.logrank)} | {_p(t.logrank_p)} | {needed} |")
         lines += ["", _power_line(result), ""]
     omnibus = result.all_arms_test()
-    if omnibus is not None and len(omnibus[0]) > 2:
-        arms, q = omnibus
+    if omnibus is not None and len(omnibus.arms) > 2:
+        q = omnibus.test
         aside = " (`twin` aside: it continues another state)" if TWIN in result.spec.arms else ""
         how = ("every within-member permutation counted" if q.exact
                else f"{stats.PERMUTATIONS} within-member permutations of the arms' outcomes, seeded")
-        lines += [f"All {len(arms)} arms at once{aside}, over the {q.members} member{'s' * (q.members > 1)} each "
-                  f"has: Cochran's Q = "
-                  f"{q.statistic:.2f}, p = {_p(q.pvalue)} ({how}).", ""]
+        training = ("; left out until all their members are exported: "
+                    + ", ".join(f"`{a}` ({sum(r is not None for r in result.runs.get(a, []))} / {result.spec.members})"
+                                for a in omnibus.incomplete)) if omnibus.incomplete else ""
+        lines += [f"All {len(omnibus.arms)} arms with every member exported at once{aside}, over their "
+                  f"{q.members} member{'s' * (q.members > 1)}: Cochran's Q = {q.statistic:.2f}, p = {_p(q.pvalue)} "
+                  f"({how}){training}.", ""]
     return lines
 
 

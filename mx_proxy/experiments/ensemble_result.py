@@ -27,8 +27,8 @@ The tables (:class:`EnsembleResult`), each computed by
   and the log-rank test, with the pairs a difference as large as the
   observed one needs (:mod:`mx_proxy.experiments.power`), and
   :meth:`~EnsembleResult.detectable`: the rates the pairs at hand can tell
-  from the control's; :meth:`~EnsembleResult.all_arms_test`: every arm at
-  once (the ``twin`` aside), Cochran's Q;
+  from the control's; :meth:`~EnsembleResult.all_arms_test`: every arm with
+  all its members exported at once (the ``twin`` aside), Cochran's Q;
 - :meth:`~EnsembleResult.loss_gap`: over the members that stayed stable to the horizon, the
   mean loss over the last 100 steps against the FP32 member with the same
   perturbation (the ``twin`` arm, or an ``fp32`` arm), in %, with a
@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -55,8 +56,8 @@ from mx_proxy.runner import loop as runner
 from mx_proxy.training.config import Config
 from mx_proxy.training.result import Run
 
-__all__ = ["ensemble", "EnsembleResult", "load", "load_member", "outcomes", "TAIL", "RULE", "FACTORS", "RECOVERED",
-           "POWER"]
+__all__ = ["ensemble", "EnsembleResult", "AllArms", "load", "load_member", "outcomes", "TAIL", "RULE", "FACTORS",
+           "RECOVERED", "POWER"]
 
 TAIL = 100  # steps whose mean loss the loss gap compares
 RULE = 10.0
@@ -94,6 +95,16 @@ def outcomes(spec: Ensemble, runs: dict[str, list[Run]], factor: float = RULE) -
     df = pd.DataFrame(rows, columns=["arm", "member", "seed", "blowup_at", "event", "time", "last_step", "tail_loss"])
     df["blowup_at"] = df["blowup_at"].astype("Int64")
     return df
+
+
+class AllArms(NamedTuple):
+    """:meth:`EnsembleResult.all_arms_test`'s answer: the ``arms`` it compared
+    (every member exported), Cochran's Q over them (``test``), and the arms
+    with members still to export (``incomplete``), left out."""
+
+    arms: tuple[str, ...]
+    test: stats.CochranQ
+    incomplete: tuple[str, ...]
 
 
 @dataclasses.dataclass
@@ -201,23 +212,22 @@ class EnsembleResult:
         above, below = power.detectable(p_c, len(both), POWER)
         return len(both), p_c, above, below
 
-    def all_arms_test(self, seed: int = 0) -> tuple[tuple[str, ...], stats.CochranQ] | None:
-        """Whether the arms differ at all: Cochran's Q over the members every
-        arm has exported, with its permutation p-value
+    def all_arms_test(self, seed: int = 0) -> AllArms | None:
+        """Whether the arms differ at all: Cochran's Q over the arms with every
+        member exported, with its permutation p-value
         (:func:`~mx_proxy.experiments.stats.cochran_q`; ``seed`` fixes the
-        sampled permutations). The ``twin`` arm is left out: it continues
-        another state (the FP32 run's), where every other arm continues the
-        same one. Returns ``(arms, result)``, or ``None`` with fewer than two
-        such arms or no member they all have."""
-        arms = [a for a in self.spec.arms if a != TWIN and len(self._arm(a))]
-        if len(arms) < 2:
+        sampled permutations). Arms still training are left out (and named in
+        :attr:`AllArms.incomplete`), so the test stays the complete arms' one
+        while an ensemble grows, rather than shrinking to the few members the
+        newest arm has. The ``twin`` arm is left out too: it continues another
+        state (the FP32 run's), where every other arm continues the same one.
+        ``None`` with fewer than two complete arms."""
+        arms = [a for a in self.spec.arms if a != TWIN]
+        complete = tuple(a for a in arms if self.complete(a))
+        if len(complete) < 2:
             return None
-        events = {a: self._arm(a).set_index("member")["event"] for a in arms}
-        members = sorted(set.intersection(*(set(e.index) for e in events.values())))
-        if not members:
-            return None
-        table = np.column_stack([events[a].loc[members].to_numpy(dtype=bool) for a in arms])
-        return tuple(arms), stats.cochran_q(table, seed=seed)
+        table = np.column_stack([self._arm(a).sort_values("member")["event"].to_numpy(dtype=bool) for a in complete])
+        return AllArms(complete, stats.cochran_q(table, seed=seed), tuple(a for a in arms if a not in complete))
 
     def sensitivity(self, factors=FACTORS) -> pd.DataFrame:
         """The rule with each of ``factors`` in place of its 10: one row per

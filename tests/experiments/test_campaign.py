@@ -70,6 +70,16 @@ def test_smoke_campaign_exports_every_kind_and_loads_back(smoke):
     assert pd.read_csv(out / "results" / "index.csv").shape[0] == len(index)
 
 
+def test_an_export_is_the_same_bytes_whatever_order_the_interventions_keys_came_in(smoke, tmp_path):
+    out, _ = smoke
+    child = next(r for r in campaign.load_results(out / "results") if r.info["kind"] == "intervention")
+    reordered = dict(reversed(list(child.info["intervention"].items())))  # as a fresh run holds it, unsorted
+    a = campaign.export(child, "a", "intervention", tmp_path / "a")
+    child.info["intervention"] = reordered
+    b = campaign.export(child, "a", "intervention", tmp_path / "b")
+    assert (a / "run.json").read_bytes() == (b / "run.json").read_bytes()
+
+
 def test_paired_recipes_share_one_fp32_run(smoke):
     out, _ = smoke
     paired = [r for r in campaign.load_results(out / "results", ("paired",))]

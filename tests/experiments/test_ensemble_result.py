@@ -212,29 +212,39 @@ def test_trajectories_mark_each_members_blowup_and_stop_where_the_table_has_them
     plots.plt.close(fig)
 
 
-def test_all_arms_test_is_cochrans_q_over_the_members_every_arm_has(result):
-    arms, q = result.all_arms_test()  # the twin continues another state: left out
-    assert arms == ("unchanged", "fp32") and (q.members, q.arms) == (4, 2)
+def test_all_arms_test_is_cochrans_q_over_the_arms_with_every_member_exported(result):
+    arms, q, incomplete = result.all_arms_test()  # the twin continues another state: left out
+    assert arms == ("unchanged", "fp32") and (q.members, q.arms) == (4, 2) and incomplete == ()
     assert q.statistic == pytest.approx(3.0) and q.pvalue == pytest.approx(0.25)  # McNemar's, 3 discordant pairs
-    spec = E.Ensemble("three", "branch", BASE, ("unchanged", "fp32", "rceil"), members=4, horizon=200, branch_at=100,
-                      checkpoint_every=50)
-    blew = {"unchanged": (0, 1), "fp32": (1,), "rceil": (0, 1, 2)}
+    spec = E.Ensemble("four", "branch", BASE, ("unchanged", "fp32", "rceil", "paper_bump"), members=4, horizon=200,
+                      branch_at=100, checkpoint_every=50)
+    blew = {"unchanged": (0, 1), "fp32": (1,), "rceil": (0, 1, 2, 3), "paper_bump": (2,)}
     runs = {}
     for arm, members in blew.items():
         runs[arm] = []
-        for i in range(4 if arm != "rceil" else 3):  # rceil's member 3 not exported yet
+        for i in range(4 if arm != "paper_bump" else 1):  # paper_bump: members 1-3 not exported yet
             loss = _flat()
             if i in members:
                 loss[150:] = 50.0
             runs[arm].append(Run(spec.config(arm, i), pd.DataFrame({"step": np.arange(300), "loss": loss}), None))
         runs[arm] += [None] * (4 - len(runs[arm]))
-    arms, q = ensemble_result.EnsembleResult(spec, runs).all_arms_test()
-    table = [[1, 0, 1], [1, 1, 1], [0, 0, 1]]  # members 0-2 (all three arms have them): blew up or not
-    assert arms == ("unchanged", "fp32", "rceil") and q == stats.cochran_q(table)
+    res = ensemble_result.EnsembleResult(spec, runs)
+    arms, q, incomplete = res.all_arms_test()
+    table = [[1, 0, 1], [1, 1, 1], [0, 0, 1], [0, 0, 1]]  # members 0-3 of the complete arms: blew up or not
+    assert arms == ("unchanged", "fp32", "rceil") and incomplete == ("paper_bump",)
+    assert q == stats.cochran_q(table) and q.members == 4  # not the 1 member paper_bump shares with them
     from mx_proxy.experiments import ensemble_report
 
-    text = ensemble_report.markdown(ensemble_result.EnsembleResult(spec, runs), parts=("paired",))
-    assert f"All 3 arms at once, over the 3 members each has: Cochran's Q = {q.statistic:.2f}" in text
+    text = ensemble_report.markdown(res, parts=("paired",))
+    assert (f"All 3 arms with every member exported at once, over their 4 members: Cochran's Q = {q.statistic:.2f}"
+            in text)
+    assert "left out until all their members are exported: `paper_bump` (1 / 4)." in text
+    runs["rceil"][3] = None  # only two complete arms: no omnibus test beyond the paired one
+    two = ensemble_result.EnsembleResult(spec, runs)
+    assert two.all_arms_test().arms == ("unchanged", "fp32")
+    assert "arms with every member exported at once" not in ensemble_report.markdown(two, parts=("paired",))
+    runs["fp32"][0] = None
+    assert ensemble_result.EnsembleResult(spec, runs).all_arms_test() is None
 
 
 def test_a_loss_gap_without_a_stable_pair_says_so():
