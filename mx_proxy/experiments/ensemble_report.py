@@ -160,7 +160,7 @@ def _paired(result) -> list[str]:
         how = ("every within-member permutation counted" if q.exact
                else f"{stats.PERMUTATIONS} within-member permutations of the arms' outcomes, seeded")
         training = ("; left out until all their members are exported: "
-                    + ", ".join(f"`{a}` ({sum(r is not None for r in result.runs.get(a, []))} / {result.spec.members})"
+                    + ", ".join(f"`{a}` ({int((result.table['arm'] == a).sum())} / {result.spec.members})"
                                 for a in omnibus.incomplete)) if omnibus.incomplete else ""
         lines += [f"All {len(omnibus.arms)} arms with every member exported at once{aside}, over their "
                   f"{q.members} member{'s' * (q.members > 1)}: Cochran's Q = {q.statistic:.2f}, p = {_p(q.pvalue)} "
