@@ -165,6 +165,17 @@ def _paired(result) -> list[str]:
         lines += [f"All {len(omnibus.arms)} arms with every member exported at once{aside}, over their "
                   f"{q.members} member{'s' * (q.members > 1)}: Cochran's Q = {q.statistic:.2f}, p = {_p(q.pvalue)} "
                   f"({how}){training}.", ""]
+    per_member = result.members_test()
+    if per_member is not None and len(per_member.arms) > 1:
+        q = per_member.test
+        how = ("every within-arm permutation counted" if q.exact
+               else f"{stats.PERMUTATIONS} within-arm permutations of the members' outcomes, seeded")
+        seeds = per_member.seeds
+        counts = ", ".join(map(str, per_member.blowups))
+        lines += [f"Does the perturbation decide, whatever the arm? Blow-ups of the {len(per_member.arms)} arms "
+                  f"with every member exported on member s_i = {seeds[0]}…{seeds[-1]}: {counts}; Cochran's Q "
+                  f"across the members = {q.statistic:.2f}, p = {_p(q.pvalue)} ({how}; each arm keeps its count "
+                  f"of blow-ups).", ""]
     return lines
 
 

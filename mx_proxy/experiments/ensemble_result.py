@@ -28,7 +28,9 @@ The tables (:class:`EnsembleResult`), each computed by
   observed one needs (:mod:`mx_proxy.experiments.power`), and
   :meth:`~EnsembleResult.detectable`: the rates the pairs at hand can tell
   from the control's; :meth:`~EnsembleResult.all_arms_test`: every arm with
-  all its members exported at once (the ``twin`` aside), Cochran's Q;
+  all its members exported at once (the ``twin`` aside), Cochran's Q, and
+  :meth:`~EnsembleResult.members_test`: the same arms' blow-ups per member
+  (perturbation), Cochran's Q across the members;
 - :meth:`~EnsembleResult.loss_gap`: over the members that stayed stable to the horizon, the
   mean loss over the last 100 steps against the FP32 member with the same
   perturbation (the ``twin`` arm, or an ``fp32`` arm), in %, with a
@@ -56,8 +58,8 @@ from mx_proxy.runner import loop as runner
 from mx_proxy.training.config import Config
 from mx_proxy.training.result import Run
 
-__all__ = ["ensemble", "EnsembleResult", "AllArms", "load", "load_member", "outcomes", "TAIL", "RULE", "FACTORS",
-           "RECOVERED", "POWER"]
+__all__ = ["ensemble", "EnsembleResult", "AllArms", "Members", "load", "load_member", "outcomes", "TAIL", "RULE",
+           "FACTORS", "RECOVERED", "POWER"]
 
 TAIL = 100  # steps whose mean loss the loss gap compares
 RULE = 10.0
@@ -105,6 +107,19 @@ class AllArms(NamedTuple):
     arms: tuple[str, ...]
     test: stats.CochranQ
     incomplete: tuple[str, ...]
+
+
+class Members(NamedTuple):
+    """:meth:`EnsembleResult.members_test`'s answer: the ``arms`` it pooled,
+    each member's ``seed`` (its perturbation, s_i) and ``blowups`` (how many
+    of those arms blew up on it), and Cochran's Q across the members
+    (``test``; its ``members`` field counts the arms, its ``arms`` field the
+    members: the table is transposed)."""
+
+    arms: tuple[str, ...]
+    seeds: tuple[int, ...]
+    blowups: tuple[int, ...]
+    test: stats.CochranQ
 
 
 @dataclasses.dataclass
@@ -226,8 +241,28 @@ class EnsembleResult:
         complete = tuple(a for a in arms if self.complete(a))
         if len(complete) < 2:
             return None
-        table = np.column_stack([self._arm(a).sort_values("member")["event"].to_numpy(dtype=bool) for a in complete])
-        return AllArms(complete, stats.cochran_q(table, seed=seed), tuple(a for a in arms if a not in complete))
+        return AllArms(complete, stats.cochran_q(self._events(complete), seed=seed),
+                       tuple(a for a in arms if a not in complete))
+
+    def members_test(self, seed: int = 0) -> Members | None:
+        """Whether some perturbations blow up more often than others, whatever
+        the arm: over the arms :meth:`all_arms_test` compares, Cochran's Q
+        with the roles swapped (each arm a block, each member a treatment), its
+        p-value from permuting each arm's outcomes over its members, which
+        keeps every arm's count of blow-ups (``seed`` fixes the sampled
+        permutations). In a ``branch`` ensemble a member is a data stream
+        after the branch, so a small p says the batches, not the arm, decide
+        when a member blows up. ``None`` where :meth:`all_arms_test` is."""
+        arms = self.all_arms_test(seed)
+        if arms is None:
+            return None
+        table = self._events(arms.arms)
+        return Members(arms.arms, tuple(int(s) for s in self.spec.seeds()), tuple(int(c) for c in table.sum(axis=1)),
+                       stats.cochran_q(table.T, seed=seed))
+
+    def _events(self, arms) -> np.ndarray:
+        """Blew up or not, ``[member, arm]``, for ``arms`` (every member exported)."""
+        return np.column_stack([self._arm(a).sort_values("member")["event"].to_numpy(dtype=bool) for a in arms])
 
     def sensitivity(self, factors=FACTORS) -> pd.DataFrame:
         """The rule with each of ``factors`` in place of its 10: one row per

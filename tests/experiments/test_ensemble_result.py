@@ -212,7 +212,7 @@ def test_trajectories_mark_each_members_blowup_and_stop_where_the_table_has_them
     plots.plt.close(fig)
 
 
-def test_all_arms_test_is_cochrans_q_over_the_arms_with_every_member_exported(result):
+def test_all_arms_and_members_tests_are_cochrans_q_over_the_arms_with_every_member_exported(result):
     arms, q, incomplete = result.all_arms_test()  # the twin continues another state: left out
     assert arms == ("unchanged", "fp32") and (q.members, q.arms) == (4, 2) and incomplete == ()
     assert q.statistic == pytest.approx(3.0) and q.pvalue == pytest.approx(0.25)  # McNemar's, 3 discordant pairs
@@ -239,12 +239,24 @@ def test_all_arms_test_is_cochrans_q_over_the_arms_with_every_member_exported(re
     assert (f"All 3 arms with every member exported at once, over their 4 members: Cochran's Q = {q.statistic:.2f}"
             in text)
     assert "left out until all their members are exported: `paper_bump` (1 / 4)." in text
+    members = res.members_test()  # the same three arms, each member (data stream) a treatment
+    assert members.arms == arms and members.seeds == (1, 2, 3, 4) and members.blowups == (2, 3, 1, 1)
+    # Q by hand with the roles swapped: k = 4 members, member totals C = (2, 3, 1, 1), arm totals R = (2, 1, 4):
+    # Q = (k-1)(k·ΣC² − T²) / (k·T − ΣR²) = 3 (4·15 − 49) / (28 − 21)
+    assert members.test.statistic == pytest.approx(33 / 7) and (members.test.members, members.test.arms) == (3, 4)
+    # exactly: rceil's 4 blow-ups fix nothing; of unchanged's 6 placements × fp32's 4, ΣC² reaches its maximum,
+    # 15, observed, when fp32's blow-up shares a member with one of unchanged's: 12 of 24
+    assert not members.test.exact and members.test.pvalue == pytest.approx(0.5, abs=0.03)
+    assert members == res.members_test() and members.test == stats.cochran_q(np.array(table).T)
+    assert ("Blow-ups of the 3 arms with every member exported on member s_i = 1…4: 2, 3, 1, 1; "
+            f"Cochran's Q across the members = {33 / 7:.2f}") in text
     runs["rceil"][3] = None  # only two complete arms: no omnibus test beyond the paired one
     two = ensemble_result.EnsembleResult(spec, runs)
     assert two.all_arms_test().arms == ("unchanged", "fp32")
     assert "arms with every member exported at once" not in ensemble_report.markdown(two, parts=("paired",))
     runs["fp32"][0] = None
     assert ensemble_result.EnsembleResult(spec, runs).all_arms_test() is None
+    assert ensemble_result.EnsembleResult(spec, runs).members_test() is None
 
 
 def test_a_loss_gap_without_a_stable_pair_says_so():
