@@ -41,7 +41,9 @@ class PlainFormatter(argparse.HelpFormatter):
 
 def flag(name: str) -> str:
     """The option of a Config field: ``diagnostics_every`` → ``--diagnostics-every`` (field names with an
-    underscore; a plain word such as "steps" is left alone)."""
+    underscore; a plain word such as "steps" is left alone). A quoted
+    ``'adam_eps=1e-15'`` stays as it is: it names an ensemble arm, written so
+    on the command line too."""
     return "--" + name.replace("_", "-")
 
 
@@ -76,7 +78,8 @@ def config_help(name: str, *, multi: bool = False) -> str:
 
 
 _FIELDS = sorted(Config.field_names(), key=len, reverse=True)
-_WORDS = re.compile(r"\b(?P<field>" + "|".join(_FIELDS) + r")=(?P<value>\([^)]*\)|'[^']*'|\"[^\"]*\"|[\w.+-]+)"
+_WORDS = re.compile(r"(?<![\w'\"`])(?P<field>" + "|".join(_FIELDS)
+                    + r")=(?P<value>\([^)]*\)|'[^']*'|\"[^\"]*\"|[\w.+-]+)"
                     r"|(?<![\w\-\"'])(?P<bare>" + "|".join([f for f in _FIELDS if "_" in f] + ["at_step"])
                     + r")(?![\w=(])")
 
@@ -85,7 +88,9 @@ def cli_message(message: str) -> str:
     """An API error message in the command line's words: ``checkpoint_at=(1500,)``
     → ``--checkpoint-at 1500``, ``paired_run=True`` → ``--paired-run true``,
     ``diagnostics_every`` → ``--diagnostics-every`` (field names with an
-    underscore; a plain word such as "steps" is left alone)."""
+    underscore; a plain word such as "steps" is left alone). A quoted
+    ``'adam_eps=1e-15'`` stays as it is: it names an ensemble arm, written so
+    on the command line too."""
 
     def word(m):
         if m.group("bare"):

@@ -119,6 +119,8 @@ def _campaign_status(args) -> int:
 def _report(args) -> int:
     """``mx-proxy report``: a results folder as Markdown, or the report blocks of Markdown files rewritten."""
     try:
+        if args.update and args.control:
+            args.parser.error("--control applies to a results folder; a block keeps its own (`FOLDER --control ARM`)")
         if args.update:
             for path in args.update:
                 changed = report.update(path)
@@ -129,7 +131,7 @@ def _report(args) -> int:
         if args.figures and not ensemble_report.is_ensemble(args.results):
             args.parser.error(f"--figures draws an ensemble's survival and blow-up-rate figures; {args.results!r} is "
                               f"not an ensemble's results folder (no ensemble.json)")
-        print(report.for_folder(args.results, parts=args.only), end="")
+        print(report.for_folder(args.results, parts=args.only, control=args.control), end="")
         if args.figures:
             write_figures(ensemble_result.load(args.results), args.figures, results_folder(args.results))
     except (ValueError, OSError) as err:
@@ -196,6 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"an ensemble's results: print only these sections after its header (valid: "
                           f"{', '.join(ensemble_report.PARTS)}); a block "
                           f"`{report.BEGIN.format('FOLDER --only PART …')}` keeps the same sections")
+    rep.add_argument("--control", metavar="ARM",
+                     help="an ensemble's results: the arm the paired tests, the end-loss tests and the rule's table "
+                          "compare every other against (default: its first arm, e.g. `unchanged`); a block "
+                          f"`{report.BEGIN.format('FOLDER --control ARM')}` keeps it")
     rep.add_argument("--figures", metavar="DIR", help="an ensemble's results: also draw its survival and blow-up-rate "
                                                        "figures (of the members exported so far) into DIR")
     rep.set_defaults(func=guard(_report), parser=rep)

@@ -265,10 +265,13 @@ def _rule(result) -> list[str]:
     return lines
 
 
-def for_folder(folder, parts=PARTS) -> str:
-    """:func:`markdown` of the ensemble whose results are in ``folder``, naming it (the sections ``parts``)."""
+def for_folder(folder, parts=PARTS, control: str | None = None) -> str:
+    """:func:`markdown` of the ensemble whose results are in ``folder``, naming it (the sections ``parts``; the
+    paired tests against ``control``, default the first arm)."""
     parts = check_parts(parts)
     result = ensemble_result.load(folder)
+    if control is not None:
+        result = result.against(control)
     root = results_folder(folder)
     hist = pd.read_parquet(root / HISTORY_FILE) if (root / HISTORY_FILE).exists() else None
     if not len(result.table):

@@ -130,13 +130,25 @@ class EnsembleResult:
     spec: Ensemble
     runs: dict[str, list[Run | None]]
     confidence: float = 0.95
+    control_arm: str | None = None
+    """The arm every other is tested against; ``None``: the first arm."""
 
     def __post_init__(self):
+        if self.control_arm is not None and self.control_arm not in self.spec.arms:
+            raise ValueError(f"control arm {self.control_arm!r} is not an arm of ensemble {self.spec.name!r}; "
+                             f"valid: {', '.join(map(repr, self.spec.arms))}")
         self.table = outcomes(self.spec, self.runs)
 
     @property
     def control(self) -> str:
-        return self.spec.arms[0]
+        """The arm the paired tests, the end-loss tests and the rule's table compare against (:attr:`control_arm`,
+        default the first arm)."""
+        return self.control_arm or self.spec.arms[0]
+
+    def against(self, control: str) -> EnsembleResult:
+        """The same results with ``control`` as the arm every other is tested against (e.g. a mechanism arm
+        against ``fp32`` rather than against the unchanged run); a ValueError names the arms if it is none."""
+        return dataclasses.replace(self, control_arm=control)
 
     def complete(self, arm: str) -> bool:
         return all(r is not None for r in self.runs.get(arm, [])) and len(self.runs.get(arm, [])) == self.spec.members

@@ -121,7 +121,8 @@ class Ensemble:
         valid = arm_names()
         for a in arms:
             if a not in valid and "=" not in a:
-                raise ValueError(f"unknown arm {a!r}; valid: {', '.join(valid)}, or FIELD=VALUE (e.g. adam_eps=1e-15)")
+                raise ValueError(f"unknown arm {a!r}; valid: {', '.join(valid)}, or FIELD=VALUE "
+                                 f"(e.g. 'adam_eps=1e-15')")
         positive_int("members", self.members, 1, MAX_MEMBERS)
         positive_int("horizon", self.horizon, 1, BOUNDS["steps"][1])
         positive_int("checkpoint_every", self.checkpoint_every, 1, BOUNDS["checkpoint_every"][1])

@@ -208,35 +208,44 @@ def _replay_notes(children: list[Run]) -> list[str]:
 
 def _block_pattern() -> re.Pattern:
     head, tail = (re.escape(part) for part in BEGIN.split("{}"))
-    return re.compile(rf"^{head}(\S+(?: --only(?: [a-z_]+)+)?){tail}\n(.*?)^{re.escape(END)}$", re.M | re.S)
+    return re.compile(rf"^{head}(\S+(?: --only(?: [a-z_]+)+)?(?: --control \S+)?){tail}\n(.*?)^{re.escape(END)}$",
+                      re.M | re.S)
 
 
 def blocks(text: str) -> list[tuple[str, str]]:
     """The report blocks of a Markdown text: ``(arguments, body)`` for each
     ``BEGIN`` line and the next ``END`` line, each marker a line of its own.
     The arguments are those of ``mx-proxy report`` that print the block: a
-    results folder, for an ensemble's optionally ``--only PART …``
-    (:func:`for_block`); the body is what lies between the markers."""
+    results folder, for an ensemble's optionally ``--only PART …`` and
+    ``--control ARM`` (:func:`for_block`); the body is what lies between the
+    markers."""
     return [(m.group(1), m.group(2).strip("\n") + "\n") for m in _block_pattern().finditer(text)]
 
 
 def for_block(arguments: str) -> str:
-    """The report a block's ``arguments`` (``FOLDER`` or ``FOLDER --only PART …``) name, as ``mx-proxy report``
-    with those arguments prints it."""
+    """The report a block's ``arguments`` (``FOLDER``, then optionally ``--only PART …`` and ``--control ARM``)
+    name, as ``mx-proxy report`` with those arguments prints it."""
     folder, *rest = arguments.split()
-    return for_folder(folder, parts=rest[1:] if rest else None)
+    control = None
+    if "--control" in rest:
+        at = rest.index("--control")
+        control, rest = rest[at + 1], rest[:at]
+    return for_folder(folder, parts=rest[1:] if rest else None, control=control)
 
 
-def for_folder(results: str | os.PathLike, parts=None) -> str:
+def for_folder(results: str | os.PathLike, parts=None, control: str | None = None) -> str:
     """:func:`markdown` of the results folder ``results``, naming it (an
     ensemble's folder: :func:`mx_proxy.experiments.ensemble_report.for_folder`,
-    its sections ``parts``, default all; a campaign's report has no parts)."""
+    its sections ``parts``, default all, its paired tests against the arm
+    ``control``, default the first; a campaign's report has neither)."""
     path = Path(results)
     if ensemble_report.is_ensemble(path):
-        return ensemble_report.for_folder(path, ensemble_report.PARTS if parts is None else parts)
-    if parts is not None:
-        raise ValueError(f"report parts ({', '.join(ensemble_report.PARTS)}) select sections of an ensemble's "
-                         f"report; {str(results)!r} is not an ensemble's results folder (no ensemble.json)")
+        return ensemble_report.for_folder(path, ensemble_report.PARTS if parts is None else parts, control)
+    if parts is not None or control is not None:
+        what = (f"report parts ({', '.join(ensemble_report.PARTS)}) are sections" if parts is not None
+                else f"a control arm ({control!r}) is what the paired tests compare against")
+        raise ValueError(f"{what} in an ensemble's report; {str(results)!r} is not an ensemble's results folder "
+                         f"(no ensemble.json)")
     if not (path / "index.csv").exists() and not any(path.glob("*/run.json")):
         raise ValueError(f"no campaign results in {str(results)!r} (no */run.json); a campaign exports them to "
                          f"OUT/results")

@@ -43,6 +43,8 @@ def test_train_writes_the_run_and_reloads_it(tmp_path):
     (["train", "--diagnostic-format", "bf16"], "valid: fp8_e4m3, fp8_e5m2, fp6_e3m2, fp6_e2m3, fp4_e2m1, int8"),
     (["train", "--val-every", "15"], "multiple of --diagnostics-every"),
     (["train", "--reference-seed", "1"], "set --paired-run true"),
+    (["ensemble", "--out", "/nonexistent/ens", "--kind", "seed", "--members", "2", "--horizon", "10", "--arms",
+      "fp32", "bogus"], "or FIELD=VALUE (e.g. 'adam_eps=1e-15')"),  # an arm, as written on the command line
     (["bench", "nope"], "valid: quantize"),
     (["figures", "--only", "nope"], "valid: sawtooth"),
     (["figures", "--scale", "huge"], "invalid choice"),

@@ -260,6 +260,41 @@ def test_an_ensembles_report_prints_only_the_parts_asked_for_and_a_block_keeps_t
     assert "invalid choice: 'bogus'" in capsys.readouterr().err
 
 
+def test_an_ensembles_report_tests_against_the_control_asked_for(tmp_path, capsys, monkeypatch):
+    """`mx-proxy report ENSEMBLE --control ARM`: the paired tests against that arm (a mechanism arm against `fp32`
+    rather than the unchanged run), each row McNemar's test on the member-by-member table; a block keeps the
+    control; an arm the ensemble lacks, or a campaign's folder, is refused before any work with the choices named."""
+    from mx_proxy.experiments import ensemble_result, stats
+
+    monkeypatch.chdir(ROOT)
+    folder = "results/ensembles/fig7-6000"
+    result = ensemble_result.load(folder)
+    assert result.control == "unchanged" and result.against("fp32").control == "fp32"
+    tests = result.against("fp32").paired_tests().set_index("arm")
+    assert "fp32" not in tests.index and "unchanged" in tests.index
+    t = result.table.pivot(index="member", columns="arm", values="event")
+    assert tests.loc["fp32_keep_bias", "mcnemar_p"] == stats.mcnemar(t["fp32"], t["fp32_keep_bias"]).pvalue
+    assert tests.equals(result.paired_tests(control="fp32").set_index("arm"))
+    assert cli.main(["report", folder, "--only", "paired", "--control", "fp32"]) == 0
+    printed = capsys.readouterr().out
+    assert "Against `fp32`, member by member" in printed and "| `fp32` |" not in printed
+    assert printed == report.for_block(f"{folder} --only paired --control fp32")
+    doc = tmp_path / "doc.md"
+    marker = report.BEGIN.format(f"{folder} --only paired --control fp32")
+    doc.write_text(f"{marker}\nold\n{report.END}\n")
+    assert report.update(doc) and doc.read_text() == f"{marker}\n{printed}{report.END}\n"
+    with pytest.raises(ValueError, match="control arm 'bogus' is not an arm of ensemble 'fig7-6000'; valid: "
+                                         "'unchanged', 'twin', 'fp32'"):
+        result.against("bogus")
+    for bad, said in (([folder, "--control", "bogus"], "'adam_eps=1e-15'"),
+                      (["results/medium", "--control", "fp32"], "'results/medium' is not an ensemble's results"),
+                      (["--update", str(doc), "--control", "fp32"], "--control applies to a results folder")):
+        with pytest.raises(SystemExit) as err:
+            cli.main(["report", *bad])
+        assert err.value.code == 2 and said in capsys.readouterr().err
+    assert doc.read_text() == f"{marker}\n{printed}{report.END}\n"
+
+
 def test_a_branch_ensembles_header_says_whether_its_state_had_blown_up_before_the_branch(monkeypatch):
     """The rule on the recorded history (the state's run and its FP32 twin): the committed state had not blown up;
     the same history with one 50× step at 4000 (and a peak of 80× at 4003) had, there, and its twin had not."""
