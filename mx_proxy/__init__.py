@@ -49,7 +49,7 @@ _LAZY = {
     'ElementFormat': ('mx_proxy.numerics.formats', 'ElementFormat'),
     'GNMR': ('mx_proxy.training.controllers', 'GNMR'),
     'explore': ('mx_proxy.viz.explore', 'explore'),
-    'ensemble': ('mx_proxy.experiments.ensemble_result', 'ensemble'),
+    'ensemble': ('mx_proxy.experiments.ensemble_train', 'ensemble'),
     'load_ensemble': ('mx_proxy.experiments.ensemble_result', 'load'),
     'Ensemble': ('mx_proxy.experiments.ensemble', 'Ensemble'),
     'MITIGATIONS': ('mx_proxy.numerics.recipe', 'MITIGATIONS'),

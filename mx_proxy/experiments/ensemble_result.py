@@ -1,8 +1,8 @@
 """An ensemble's results as rates: outcomes per member, P(blow-up), survival, paired tests, loss gaps.
 
-:func:`ensemble` is the notebook's entry point: it trains (or resumes, or
-loads) an ensemble and returns its :class:`EnsembleResult`; :func:`load`
-reads one from its results folder.
+:func:`load` reads an :class:`EnsembleResult` from its results folder;
+:func:`mx_proxy.experiments.ensemble_train.ensemble` (``mxp.ensemble``),
+the notebook's entry point, trains (or resumes, or loads) one and returns it.
 
 One rule decides every member's outcome (:func:`outcomes`): a member *blows
 up* at the first step from its start at which it stops being stable,
@@ -51,14 +51,11 @@ import numpy as np
 import pandas as pd
 
 from mx_proxy.experiments import analysis, power, stats
-from mx_proxy.experiments import ensemble as _ens
 from mx_proxy.experiments.ensemble import TWIN, Ensemble, member_label, read_spec
 from mx_proxy.experiments.ensemble_spec import load_member, results_folder
-from mx_proxy.runner import loop as runner
-from mx_proxy.training.config import Config
 from mx_proxy.training.result import Run
 
-__all__ = ["ensemble", "EnsembleResult", "AllArms", "Members", "load", "load_member", "outcomes", "TAIL", "RULE",
+__all__ = ["EnsembleResult", "AllArms", "Members", "load", "load_member", "outcomes", "TAIL", "RULE",
            "FACTORS", "RECOVERED", "POWER"]
 
 TAIL = 100  # steps whose mean loss the loss gap compares
@@ -380,67 +377,3 @@ def load(folder, confidence: float = 0.95) -> EnsembleResult:
                      if (results / member_label(arm, i) / "run.json").exists() else None
                      for i in range(spec.members)]
     return EnsembleResult(spec, runs, confidence)
-
-
-def _quiet(*_args) -> None:
-    pass
-
-
-def _default_name(base: Config, kind: str, branch_at: int | None) -> str:
-    where = f"-at{branch_at}" if kind == "branch" else ""
-    return f"{base.recipe.name}-w{base.width}-s{base.seed}-{kind}{where}"
-
-
-def ensemble(source, *, arms, members: int, horizon: int, branch_at: int | None = None, kind: str | None = None,
-             name: str | None = None, out=None, epsilon: float = 0.0, first_seed: int = 1,
-             diagnostics_every: int | None = None, checkpoint_every: int = 100, jobs: int = 1,
-             group_size: int | None = None, progress: bool = True) -> EnsembleResult:
-    """Train ``members`` replicas per arm and return their rates.
-
-    Args:
-      source: a :class:`Config` (``seed``/``data`` kinds: the members' base;
-        ``branch``: trained, or loaded, in ``out/runs`` and branched at
-        ``branch_at``, replayed there when it kept no checkpoint), a
-        :class:`Run` or a stored run's folder (``branch``), or a branch
-        state's folder.
-      kind: ``seed``, ``data`` or ``branch`` (default: ``branch`` when
-        ``branch_at`` is given, else ``seed``).
-      out: the ensemble's folder (default ``~/.cache/proxy/ensembles/<name>``);
-        an interrupted ensemble resumes there.
-      jobs, group_size: worker processes, and members per unit of work
-        (:func:`mx_proxy.experiments.ensemble.run`).
-      progress: progress bars and a line per finished unit; ``False`` trains
-        silently (a notebook's output then stays the same when a rerun loads
-        the members instead of training them).
-      Other arguments: see :class:`mx_proxy.experiments.ensemble.Ensemble`.
-
-    Example::
-
-        ens = mxp.ensemble(run, branch_at=4000, members=16, arms=["unchanged", "fp32", "rceil"], horizon=1500)
-        ens.rates()
-    """
-    kind = kind or ("branch" if branch_at is not None else "seed")
-    if kind not in _ens.KINDS:
-        raise ValueError(f"unknown ensemble kind {kind!r}; valid: {', '.join(_ens.KINDS)}")
-    if kind == "branch":
-        if isinstance(source, Config):
-            name = name or _default_name(source, kind, branch_at)
-            out = _ens.default_out(name) if out is None else out
-            source = runner.train(source, store=f"{out}/runs", progress=progress)
-        base = source.config if isinstance(source, Run) else None
-        if base is None:
-            out_dir = _ens.default_out(name or "branch") if out is None else out
-            _ens.prepare_branch(source, branch_at, out_dir)
-            base = _ens.read_branch(out_dir).config
-    elif isinstance(source, Config):
-        base = source
-    else:
-        raise TypeError(f"a {kind} ensemble needs a mxp.Config as its source, got {type(source).__name__}")
-    name = name or _default_name(base, kind, branch_at)
-    out = _ens.default_out(name) if out is None else out
-    spec = Ensemble(name, kind, base, tuple([arms] if isinstance(arms, str) else arms), members, horizon,
-                    branch_at=branch_at, epsilon=epsilon, first_seed=first_seed, diagnostics_every=diagnostics_every,
-                    checkpoint_every=checkpoint_every)
-    _ens.run(spec, out, source=source if kind == "branch" else None, jobs=jobs, group_size=group_size,
-             progress=progress, log=print if progress else _quiet)
-    return load(f"{out}/results")
