@@ -41,9 +41,7 @@ class PlainFormatter(argparse.HelpFormatter):
 
 def flag(name: str) -> str:
     """The option of a Config field: ``diagnostics_every`` → ``--diagnostics-every`` (field names with an
-    underscore; a plain word such as "steps" is left alone). A quoted
-    ``'adam_eps=1e-15'`` stays as it is: it names an ensemble arm, written so
-    on the command line too."""
+    underscore; a plain word such as "steps" is left alone)."""
     return "--" + name.replace("_", "-")
 
 

@@ -166,7 +166,7 @@ def _paired(result) -> list[str]:
                   f"{q.members} member{'s' * (q.members > 1)}: Cochran's Q = {q.statistic:.2f}, p = {_p(q.pvalue)} "
                   f"({how}){training}.", ""]
     per_member = result.members_test()
-    if per_member is not None and len(per_member.arms) > 1:
+    if per_member is not None:
         q = per_member.test
         how = ("every within-arm permutation counted" if q.exact
                else f"{stats.PERMUTATIONS} within-arm permutations of the members' outcomes, seeded")

@@ -246,12 +246,10 @@ class EnsembleResult:
         newest arm has. The ``twin`` arm is left out too: it continues another
         state (the FP32 run's), where every other arm continues the same one.
         ``None`` with fewer than two complete arms."""
-        arms = [a for a in self.spec.arms if a != TWIN]
-        complete = tuple(a for a in arms if self.complete(a))
+        complete, incomplete = self._complete_arms()
         if len(complete) < 2:
             return None
-        return AllArms(complete, stats.cochran_q(self._events(complete), seed=seed),
-                       tuple(a for a in arms if a not in complete))
+        return AllArms(complete, stats.cochran_q(self._events(complete), seed=seed), incomplete)
 
     def members_test(self, seed: int = 0) -> Members | None:
         """Whether some perturbations blow up more often than others, whatever
@@ -262,12 +260,17 @@ class EnsembleResult:
         permutations). In a ``branch`` ensemble a member is a data stream
         after the branch, so a small p says the batches, not the arm, decide
         when a member blows up. ``None`` where :meth:`all_arms_test` is."""
-        arms = self.all_arms_test(seed)
-        if arms is None:
+        complete, _ = self._complete_arms()
+        if len(complete) < 2:
             return None
-        table = self._events(arms.arms)
-        return Members(arms.arms, tuple(int(s) for s in self.spec.seeds()), tuple(int(c) for c in table.sum(axis=1)),
+        table = self._events(complete)
+        return Members(complete, tuple(int(s) for s in self.spec.seeds()), tuple(int(c) for c in table.sum(axis=1)),
                        stats.cochran_q(table.T, seed=seed))
+
+    def _complete_arms(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The arms but ``twin`` split into those with every member exported and the rest."""
+        arms = [a for a in self.spec.arms if a != TWIN]
+        return tuple(a for a in arms if self.complete(a)), tuple(a for a in arms if not self.complete(a))
 
     def _events(self, arms) -> np.ndarray:
         """Blew up or not, ``[member, arm]``, for ``arms`` (every member exported)."""
