@@ -212,6 +212,38 @@ def test_trajectories_mark_each_members_blowup_and_stop_where_the_table_has_them
     plots.plt.close(fig)
 
 
+def test_survival_panels_draw_each_arm_against_the_control_with_its_mcnemar_p(result):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from mx_proxy.viz import plots
+
+    def curve(line):  # a step line's (t, survival) corners, as drawn
+        return np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)
+
+    for res in (result, result.against("fp32")):
+        fig = plots.survival(res, panels=True)
+        panels = {ax.get_title(): ax for ax in fig.axes if ax.get_visible()}
+        tests = res.paired_tests().set_index("arm")
+        control = res.control
+        expect = {f"{a}: {int(r.blowups)}/{int(r.members)} blew up, McNemar p = {tests.loc[a, 'mcnemar_p']:.2f}"
+                  for a, r in res.rates().set_index("arm").iterrows() if a != control}
+        assert set(panels) == expect and len(panels) == 2
+        s = res.survival(control)
+        for ax in panels.values():
+            labels = [line.get_label() for line in ax.lines]
+            assert len(ax.lines) == 2 and labels[0].startswith(f"{control}: ")
+            t, y = curve(ax.lines[0])  # the control, the same curve in every panel
+            assert t.tolist() == s["t"].tolist() + [SPEC.horizon]
+            np.testing.assert_allclose(y, np.r_[s["survival"], s["survival"].iloc[-1]])
+        plots.plt.close(fig)
+    single = plots.survival(result)  # three arms: one panel by default
+    assert len(single.axes) == 1 and len(single.axes[0].lines) == 3
+    with pytest.raises(ValueError, match="panels=True"):
+        plots.survival(result, ax=single.axes[0], panels=True)
+    plots.plt.close(single)
+
+
 def test_all_arms_and_members_tests_are_cochrans_q_over_the_arms_with_every_member_exported(result):
     arms, q, incomplete = result.all_arms_test()  # the twin continues another state: left out
     assert arms == ("unchanged", "fp32") and (q.members, q.arms) == (4, 2) and incomplete == ()

@@ -29,33 +29,84 @@ def _title(result) -> str:
             f"{s.members} members per arm, horizon {s.horizon} steps")
 
 
-def survival(result, ax=None, band: bool = True):
-    """Kaplan–Meier P(no blow-up by step t) per arm, t counted from the
-    ensemble's start, with the pointwise 95 % band; each curve's label says
-    how many of its members blew up."""
-    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(8.5, 4.6), layout="constrained")
-    rates = result.rates().set_index("arm")
-    for arm in result.spec.arms:
-        if arm not in rates.index:
-            continue
-        s = result.survival(arm)
-        t = np.r_[s["t"].to_numpy(), result.spec.horizon]
-        y = np.r_[s["survival"].to_numpy(), s["survival"].iloc[-1]]
-        st = arm_style(result, arm)
-        r = rates.loc[arm]
-        ax.step(t, y, where="post", color=st["color"], ls=st["ls"], lw=1.8,
-                label=f"{arm}: {int(r['blowups'])}/{int(r['members'])} blew up")
-        if band:
-            lo = np.r_[s["low"].to_numpy(), s["low"].iloc[-1]]
-            hi = np.r_[s["high"].to_numpy(), s["high"].iloc[-1]]
-            ax.fill_between(t, lo, hi, step="post", color=st["color"], alpha=0.12, lw=0)
+def _survival_curve(ax, result, arm: str, rates: pd.DataFrame, band: bool, label: str | None = None, **style):
+    """One arm's Kaplan–Meier step curve (held to the horizon) on ``ax``, its 95 % band shaded if ``band``."""
+    s = result.survival(arm)
+    t = np.r_[s["t"].to_numpy(), result.spec.horizon]
+    y = np.r_[s["survival"].to_numpy(), s["survival"].iloc[-1]]
+    st = {**arm_style(result, arm), "lw": 1.8, **style}
+    r = rates.loc[arm]
+    ax.step(t, y, where="post", color=st["color"], ls=st["ls"], lw=st["lw"],
+            label=label or f"{arm}: {int(r['blowups'])}/{int(r['members'])} blew up")
+    if band:
+        lo = np.r_[s["low"].to_numpy(), s["low"].iloc[-1]]
+        hi = np.r_[s["high"].to_numpy(), s["high"].iloc[-1]]
+        ax.fill_between(t, lo, hi, step="post", color=st["color"], alpha=0.15, lw=0)
+
+
+def _survival_axes(ax, result, title: str | None = None):
     ax.set_xlim(0, result.spec.horizon)
     ax.set_ylim(-0.02, 1.02)
-    ax.set_xlabel(f"steps after {'the branch' if result.spec.kind == 'branch' else 'the start'}")
-    ax.set_ylabel("P(no blow-up yet)")
-    ax.set_title(_title(result), fontsize=9)
-    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
     ax.grid(alpha=0.3)
+    if title:
+        ax.set_title(title, fontsize=9)
+
+
+def survival(result, ax=None, band: bool = True, panels: bool | None = None, cols: int = 4):
+    """Kaplan–Meier P(no blow-up by step t) per arm, t counted from the
+    ensemble's start, with the pointwise 95 % band; each curve's label says
+    how many of its members blew up.
+
+    ``panels`` draws one panel per arm against the control arm
+    (:attr:`EnsembleResult.control`, dotted grey in every panel, its band too), the
+    panel's title with McNemar's p against it: what stays readable when many
+    arms' bands overlap. By default (``None``) panels are drawn for more than
+    four arms unless ``ax`` is given; ``ax`` takes the single-panel figure."""
+    rates = result.rates().set_index("arm")
+    arms = [a for a in result.spec.arms if a in rates.index]
+    if panels is None:
+        panels = ax is None and len(arms) > 4
+    if panels and ax is not None:
+        raise ValueError("survival(panels=True) draws its own figure of one panel per arm; pass ax=None")
+    xlabel = f"steps after {'the branch' if result.spec.kind == 'branch' else 'the start'}"
+    if panels:
+        return _survival_panels(result, rates, arms, band, cols, xlabel)
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(8.5, 4.6), layout="constrained")
+    for arm in arms:
+        _survival_curve(ax, result, arm, rates, band)
+    _survival_axes(ax, result, _title(result))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("P(no blow-up yet)")
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
+    return fig
+
+
+def _survival_panels(result, rates: pd.DataFrame, arms: list[str], band: bool, cols: int, xlabel: str):
+    control = result.control
+    others = [a for a in arms if a != control] or arms
+    tests = result.paired_tests().set_index("arm") if control in arms else pd.DataFrame()
+    cols = max(1, min(cols, len(others)))
+    rows = -(-len(others) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 2.6 * rows + 0.7), sharex=True, sharey=True,
+                             layout="constrained", squeeze=False)
+    for ax, arm in zip(axes.flat, others, strict=False):
+        if control in arms and arm != control:
+            r = rates.loc[control]
+            _survival_curve(ax, result, control, rates, band, color="0.3", ls=":", lw=1.5,
+                            label=f"{control}: {int(r['blowups'])}/{int(r['members'])}")
+        _survival_curve(ax, result, arm, rates, band)
+        r = rates.loc[arm]
+        p = f", McNemar p = {tests.loc[arm, 'mcnemar_p']:.2f}" if arm in tests.index else ""
+        _survival_axes(ax, result, f"{arm}: {int(r['blowups'])}/{int(r['members'])} blew up{p}")
+        ax.title.set_color(arm_style(result, arm)["color"])
+    for ax in axes.flat[len(others):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel(xlabel)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("P(no blow-up yet)")
+    fig.suptitle(f"{_title(result)}\nKaplan–Meier survival with 95 % bands; dotted grey: the control, {control}",
+                 fontsize=9)
     return fig
 
 
