@@ -87,17 +87,27 @@ def _status(args) -> int:
 
 def write_figures(result: ensemble_result.EnsembleResult, folder, results) -> list[Path]:
     """Draw ``result``'s survival curves, blow-up rates and members' losses (the members exported so far) as
-    ``folder/<name>_survival.png``, ``folder/<name>_blowup_rates.png`` and ``folder/<name>_loss.png``, each
-    written atomically (on a full disk: elsewhere, saying that the results are in ``results``); prints and
-    returns the paths."""
+    ``folder/<name>_survival.png``, ``folder/<name>_blowup_rates.png`` and ``folder/<name>_loss.png``, and, once
+    a member blew up after a diagnostic step, the warning signals before the blow-ups as
+    ``folder/<name>_signals.png`` (with the branch history in ``results``, if any); each written atomically
+    (on a full disk: elsewhere, saying that the results are in ``results``); prints and returns the paths."""
     Path(folder).mkdir(parents=True, exist_ok=True)
+    history = _ens.read_history(results) if results is not None else None
+    figures = [("survival", plots.survival), ("blowup_rates", plots.blowup_rates), ("loss", plots.trajectories)]
+    table = result.table
+    if len(table) and table["event"].any() and result.spec.diagnostics:
+        figures.append(("signals", lambda r: plots.signals_before(r, history)))
     paths = []
-    for name, fn in (("survival", plots.survival), ("blowup_rates", plots.blowup_rates),
-                     ("loss", plots.trajectories)):
+    for name, fn in figures:
         path = Path(folder) / f"{result.spec.name}_{name}.png"
-        fig = fn(result)
+        try:
+            fig = fn(result)
+        except ValueError as err:  # e.g. every blow-up came before the first diagnostic step
+            print(f"figure {path} not drawn: {err}")
+            continue
         durable.write_output(path, lambda p, fig=fig: fig.savefig(p, dpi=130, format="png"),
                              elsewhere=f"the results are in {results}")
+        plots.plt.close(fig)
         print(f"figure: {path}")
         paths.append(path)
     return paths
@@ -158,7 +168,8 @@ def add_ensemble_command(sub) -> argparse.ArgumentParser:
                    help="members per unit (default: a whole arm); smaller units export sooner and balance partial "
                         "results across arms (members 0…N−1 of every arm first)")
     p.add_argument("--status", action="store_true", help="train nothing: where each arm stands")
-    p.add_argument("--figures", metavar="DIR", help="also draw the survival and blow-up-rate figures into DIR")
+    p.add_argument("--figures", metavar="DIR", help="also draw the survival, blow-up-rate, loss and warning-signal "
+                   "figures into DIR")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_executor_options(p)
     add_track_options(p)

@@ -129,8 +129,8 @@ def _report(args) -> int:
         if not args.results:
             args.parser.error("give a results folder (e.g. results/paper) or --update FILE ...")
         if args.figures and not ensemble_report.is_ensemble(args.results):
-            args.parser.error(f"--figures draws an ensemble's survival and blow-up-rate figures; {args.results!r} is "
-                              f"not an ensemble's results folder (no ensemble.json)")
+            args.parser.error(f"--figures draws an ensemble's figures (survival, blow-up rates, ...); "
+                              f"{args.results!r} is not an ensemble's results folder (no ensemble.json)")
         print(report.for_folder(args.results, parts=args.only, control=args.control), end="")
         if args.figures:
             write_figures(ensemble_result.load(args.results), args.figures, results_folder(args.results))
@@ -202,8 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="an ensemble's results: the arm the paired tests, the end-loss tests and the rule's table "
                           "compare every other against (default: its first arm, e.g. `unchanged`); a block "
                           f"`{report.BEGIN.format('FOLDER --control ARM')}` keeps it")
-    rep.add_argument("--figures", metavar="DIR", help="an ensemble's results: also draw its survival and blow-up-rate "
-                                                       "figures (of the members exported so far) into DIR")
+    rep.add_argument("--figures", metavar="DIR", help="an ensemble's results: also draw its survival, blow-up-rate, "
+                                                       "loss and warning-signal figures (of the members exported so "
+                                                       "far) into DIR")
     rep.set_defaults(func=guard(_report), parser=rep)
 
     listing = "\n".join(f"  {name:<22} {FIGURE_DOCS[name]}" for name in FIGURES)

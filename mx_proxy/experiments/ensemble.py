@@ -69,6 +69,7 @@ from mx_proxy.experiments.ensemble_spec import (
     member_key,
     member_label,
     positive_int,
+    read_history,
     read_spec,
     write_spec,
 )
@@ -88,8 +89,8 @@ from mx_proxy.training.result import Run
 
 # the spec's names are re-exported: mx_proxy.experiments.ensemble is the experiment's one entry point
 __all__ = ["Ensemble", "KINDS", "CONTROL", "TWIN", "HISTORY", "SPEC_FILE", "HISTORY_FILE", "arm_names", "extends",
-           "member_label", "member_key", "read_spec", "default_out", "units", "work", "train_unit", "train_arm", "run",
-           "export", "exported", "prepare", "prepare_branch", "read_branch"]
+           "member_label", "member_key", "read_spec", "read_history", "default_out", "units", "work", "train_unit",
+           "train_arm", "run", "export", "exported", "prepare", "prepare_branch", "read_branch"]
 
 KEEP_CHECKPOINTS = 2  # a group interrupted while saving resumes from the newest step every member holds
 

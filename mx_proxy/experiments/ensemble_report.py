@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 
 from mx_proxy.experiments import analysis, ensemble_result, power, signals, stats
-from mx_proxy.experiments.ensemble import HISTORY, HISTORY_FILE, TWIN
+from mx_proxy.experiments.ensemble import HISTORY, TWIN
 from mx_proxy.experiments.ensemble_result import RULE
-from mx_proxy.experiments.ensemble_spec import results_folder
+from mx_proxy.experiments.ensemble_spec import read_history, results_folder
 
 __all__ = ["markdown", "for_folder", "is_ensemble", "check_parts", "PARTS"]
 
@@ -272,8 +272,7 @@ def for_folder(folder, parts=PARTS, control: str | None = None) -> str:
     result = ensemble_result.load(folder)
     if control is not None:
         result = result.against(control)
-    root = results_folder(folder)
-    hist = pd.read_parquet(root / HISTORY_FILE) if (root / HISTORY_FILE).exists() else None
+    hist = read_history(folder)
     if not len(result.table):
         raise ValueError(f"ensemble {result.spec.name!r} in {folder} has no exported member yet")
     return markdown(result, source=str(folder), history=hist, parts=parts)

@@ -25,8 +25,8 @@ from mx_proxy.training.config import BOUNDS, INTERVENABLE_FIELDS, SEED_LIMIT, Co
 from mx_proxy.training.result import Run
 
 __all__ = ["Ensemble", "KINDS", "CONTROL", "TWIN", "HISTORY", "SPEC_FILE", "HISTORY_FILE", "arm_names",
-           "member_label", "member_key", "results_folder", "read_spec", "write_spec", "extends", "arm_changes",
-           "default_out", "positive_int", "load_member"]
+           "member_label", "member_key", "results_folder", "read_history", "read_spec", "write_spec", "extends",
+           "arm_changes", "default_out", "positive_int", "load_member"]
 
 KINDS = ("seed", "data", "branch")
 CONTROL = "unchanged"
@@ -227,6 +227,24 @@ def results_folder(folder) -> Path | None:
     or ``folder/results`` (its ``OUT``); ``None`` where neither does."""
     folder = Path(folder)
     return next((f for f in (folder, folder / "results") if (f / SPEC_FILE).exists()), None)
+
+
+def read_history(folder) -> pd.DataFrame | None:
+    """A branch ensemble's :data:`HISTORY_FILE` in ``folder`` (its ``OUT`` or results folder): the branch
+    state's ``step``, ``loss`` (and gradient norms per block), validated; ``None`` where there is none."""
+    results = results_folder(folder)
+    p = None if results is None else results / HISTORY_FILE
+    if p is None or not p.exists():
+        return None
+    try:
+        h = pd.read_parquet(p)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{p} is not a readable parquet file: {e}") from None
+    steps = h["step"].to_numpy() if "step" in h else None
+    if "loss" not in h or steps is None or (len(steps) > 1 and not (np.diff(steps) > 0).all()):
+        raise ValueError(f"{p} is not a branch history: it needs a 'step' column, increasing, and a 'loss' column; "
+                         f"it has {list(h.columns)}")
+    return h
 
 
 def read_spec(folder) -> Ensemble:

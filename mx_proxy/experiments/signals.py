@@ -43,7 +43,7 @@ import pandas as pd
 from mx_proxy.experiments import stats
 from mx_proxy.training import controllers
 
-__all__ = ["SIGNALS", "signal_frame", "score", "HORIZONS"]
+__all__ = ["SIGNALS", "signal_frame", "labelled", "score", "HORIZONS", "QUIET_QUANTILE"]
 
 HORIZONS = (100, 500)
 QUIET_QUANTILE = 0.95
@@ -110,9 +110,14 @@ def signal_frame(metrics: pd.DataFrame, history: pd.DataFrame | None = None) -> 
     return df.replace([np.inf, -np.inf], np.nan)
 
 
-def _labelled(result, history: pd.DataFrame | None, diagnostics_every: int) -> pd.DataFrame:
+def labelled(result, history: pd.DataFrame | None = None, diagnostics_every: int | None = None) -> pd.DataFrame:
     """One row per (member, diagnostic step before its blow-up or censoring):
-    the signals and ``until`` = steps to the member's blow-up (inf: none)."""
+    ``arm``, ``member``, ``step``, every signal of :data:`SIGNALS` and
+    ``until`` = steps to the member's blow-up (inf: none). What :func:`score`
+    scores; ``diagnostics_every`` (default: the spec's) keeps the steps where
+    the diagnostics were recorded."""
+    if diagnostics_every is None:
+        diagnostics_every = result.spec.diagnostics
     spec, table = result.spec, result.table.set_index(["arm", "member"])
     frames = []
     for arm, runs in result.runs.items():
@@ -137,7 +142,7 @@ def score(result, history: pd.DataFrame | None = None, horizons=HORIZONS) -> pd.
     (member-steps with a value). ``result``: an
     :class:`mx_proxy.experiments.ensemble_result.EnsembleResult`; ``history``:
     the branch state's metrics, if any (for GNMR's mean since step 0)."""
-    d = _labelled(result, history, result.spec.diagnostics)
+    d = labelled(result, history)
     h_max = max(horizons)
     rows = []
     for name, label in SIGNALS.items():

@@ -133,6 +133,40 @@ def test_a_signal_that_ramps_before_each_blowup_scores_and_warns(result):
     assert sig.loc["update_norm", "auc_100"] == pytest.approx(0.5)  # a constant: chance
 
 
+def test_signals_before_draws_each_blowup_against_the_quiet_band():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from mx_proxy.viz import plots
+
+    res = _signal_result(np.random.default_rng(1))
+    fig = plots.signals_before(res, window=150)
+    panels = {ax.get_title().split("\n")[0]: ax for ax in fig.axes if ax.get_visible()}
+    assert "same-point ‖ζ‖ bound" in panels and "update norm" in panels and "paper's ζ (vs the FP32 run)" not in panels
+    ax = panels["same-point ‖ζ‖ bound"]
+    members = [line for line in ax.lines if line.get_linewidth() < 1 and line.get_linestyle() == "-"]
+    ramp = np.linspace(0.5, 2.0, 100)
+    blowups = (260, 230, 280, 250)
+    assert len(members) == len(blowups)
+    for line, b, run in zip(members, blowups, res.runs["unchanged"], strict=True):
+        m = run.metrics  # the raw recorded values: every 5th step from the start, the 150 before the blow-up
+        keep = (m["step"] >= res.spec.start) & (m["step"] < b) & (b - m["step"] <= 150) & (m["step"] % 5 == 0)
+        np.testing.assert_array_equal(line.get_xdata(), -(b - m.loc[keep, "step"]).to_numpy())
+        np.testing.assert_array_equal(line.get_ydata(), m.loc[keep, "zeta_bound"].to_numpy())
+    (median,) = [line for line in ax.lines if line.get_linewidth() > 1.5]
+    x, y = np.asarray(median.get_xdata()), np.asarray(median.get_ydata())
+    on_ramp = x >= -100  # every member on the same ramp there: the median is the ramp
+    np.testing.assert_allclose(y[on_ramp], ramp[(100 + x[on_ramp]).astype(int)])
+    (alarm,) = [line for line in ax.lines if line.get_linestyle() == "--"]
+    thr = signals.score(res).set_index("signal").loc["zeta_bound", "threshold"]
+    assert alarm.get_ydata()[0] == pytest.approx(thr)
+    assert "warned 4/4" in ax.get_title()
+    plots.plt.close(fig)
+    stable = ensemble_result.EnsembleResult(res.spec, {"unchanged": res.runs["fp32"], "fp32": res.runs["fp32"]})
+    with pytest.raises(ValueError, match="no member that blew up"):
+        plots.signals_before(stable)
+
+
 def test_gnmr_signal_is_the_controllers_ratio_computed_independently():
     g = np.array([[1.0, 2.0], [1.0, 2.0], [3.0, 2.0], [1.0, 8.0], [2.0, 2.0]] * 4)
     m = pd.DataFrame({"step": np.arange(len(g)), "loss": 1.0, "grad_norm/block_0": g[:, 0],
@@ -298,3 +332,21 @@ def test_a_loss_gap_without_a_stable_pair_says_so():
     assert res.loss_gap().set_index("arm").loc["unchanged", "stable_pairs"] == 0
     text = ensemble_report.markdown(res, parts=("loss_gap",))
     assert "| `unchanged` (`paper_e4m3`) | 0 | – (no pair where neither blew up) |" in text
+
+
+def test_read_history_validates_the_branch_history_before_use(tmp_path):
+    E.write_spec(SPEC, tmp_path)
+    assert E.read_history(tmp_path) is None  # a seed or data ensemble has none
+    path = tmp_path / E.HISTORY_FILE
+    good = pd.DataFrame({"step": np.arange(5), "loss": np.linspace(1, 0.5, 5)})
+    good.to_parquet(path, index=False)
+    pd.testing.assert_frame_equal(E.read_history(tmp_path.parent / tmp_path.name), good)
+    good.iloc[::-1].to_parquet(path, index=False)
+    with pytest.raises(ValueError, match="'step' column, increasing"):
+        E.read_history(tmp_path)
+    good.drop(columns="loss").to_parquet(path, index=False)
+    with pytest.raises(ValueError, match="not a branch history"):
+        E.read_history(tmp_path)
+    path.write_bytes(b"not parquet")
+    with pytest.raises(ValueError, match="not a readable parquet file"):
+        E.read_history(tmp_path)

@@ -200,8 +200,9 @@ def test_interventions_table_lists_each_child_with_its_outcome():
 
 
 def test_cli_report_draws_a_committed_ensembles_figures_and_refuses_a_campaigns(tmp_path, capsys, monkeypatch):
-    """`mx-proxy report ENSEMBLE --figures DIR` draws the survival and blow-up-rate figures of the members
-    exported so far (here the committed Fig. 7 ensemble's); a campaign folder is refused before any work."""
+    """`mx-proxy report ENSEMBLE --figures DIR` draws the survival, blow-up-rate, loss and (members blew up)
+    warning-signal figures of the members exported so far (here the committed Fig. 7 ensemble's); a campaign
+    folder is refused before any work."""
     from PIL import Image
 
     from mx_proxy.experiments import ensemble_result
@@ -212,7 +213,7 @@ def test_cli_report_draws_a_committed_ensembles_figures_and_refuses_a_campaigns(
     printed = capsys.readouterr().out
     assert printed.startswith(report.for_folder(folder))
     spec = ensemble_result.load(folder).spec
-    for name in ("survival", "blowup_rates", "loss"):
+    for name in ("survival", "blowup_rates", "loss", "signals"):
         path = tmp_path / "figs" / f"{spec.name}_{name}.png"
         assert f"figure: {path}" in printed
         with Image.open(path) as im:

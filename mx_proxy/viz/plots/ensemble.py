@@ -7,7 +7,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-__all__ = ["survival", "blowup_rates", "trajectories", "arm_style"]
+from mx_proxy.experiments import signals as sig
+
+__all__ = ["survival", "blowup_rates", "trajectories", "signals_before", "arm_style"]
 
 # distinct colour-blind-safe colours (Okabe & Ito) by arm position; the FP32 twin is black and dashed
 _ARM_COLOURS = ("#0072B2", "#D55E00", "#009E73", "#E69F00", "#CC79A7", "#56B4E9", "#999999", "#882255", "#117733")
@@ -178,4 +180,58 @@ def trajectories(result, cols: int = 3):
     for ax in axes[:, 0]:
         ax.set_ylabel("training loss")
     fig.suptitle(_title(result) + "; × blow-up, □ stopped by the engine", fontsize=9)
+    return fig
+
+
+def signals_before(result, history: pd.DataFrame | None = None, window: int = 500, cols: int = 4):
+    """Every warning signal of :data:`mx_proxy.experiments.signals.SIGNALS`
+    against the steps left to each blow-up: one panel per signal, each member
+    that blew up a thin line in its arm's colour over the ``window`` steps
+    before (its diagnostic steps), their median per diagnostics interval the
+    thick black line, and the signal at the *quiet* steps (no blow-up within
+    the longest scoring horizon, every arm) as the grey band between its 5th
+    and 95th percentiles, the 95th (the alarm threshold of the report's
+    table) dashed. A signal that warns rises out of the band before 0.
+    ``history``: the branch state's metrics (for GNMR's mean since step 0)."""
+    d = sig.labelled(result, history)
+    hot = d[np.isfinite(d["until"]) & (d["until"] <= window)] if len(d) else d
+    if not len(hot):
+        raise ValueError(f"ensemble {result.spec.name!r} has no member that blew up after a diagnostic step: "
+                         f"no signal to draw before a blow-up")
+    quiet = d[d["until"] > max(sig.HORIZONS)]
+    scores = sig.score(result, history).set_index("signal")
+    names = [n for n in sig.SIGNALS if n in scores.index]
+    cols = max(1, min(cols, len(names)))
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.6 * rows + 0.7), sharex=True, layout="constrained",
+                             squeeze=False)
+    every = max(int(result.spec.diagnostics or 1), 1)
+    for ax, name in zip(axes.flat, names, strict=False):
+        q = quiet[name].to_numpy(dtype=float)
+        q = q[np.isfinite(q)]
+        if len(q):
+            lo, hi = np.quantile(q, [0.05, sig.QUIET_QUANTILE])
+            ax.axhspan(lo, hi, color="0.85", lw=0)
+            ax.axhline(hi, color="0.4", ls="--", lw=1)
+        for (arm, _), g in hot.groupby(["arm", "member"], sort=False):
+            g = g.sort_values("step")
+            ax.plot(-g["until"], g[name], color=arm_style(result, arm)["color"], lw=0.6, alpha=0.6)
+        binned = hot.assign(bin=-(np.ceil(hot["until"] / every) * every)).groupby("bin")[name].median()
+        ax.plot(binned.index, binned.to_numpy(), color="black", lw=1.8)
+        vals = np.r_[hot[name].to_numpy(dtype=float), q]
+        vals = vals[np.isfinite(vals)]
+        if len(vals) and vals.min() > 0 and vals.max() / vals.min() > 100:
+            ax.set_yscale("log")
+        s = scores.loc[name]
+        ax.set_title(f"{s['label']}\nwarned {int(s['warned'])}/{int(s['events'])}, AUC₁₀₀ {s['auc_100']:.2f}",
+                     fontsize=8.5)
+        ax.axvline(0, color="0.5", lw=0.8, ls=":")
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(names):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("steps to the blow-up")
+    events = hot.groupby(["arm", "member"]).ngroups
+    fig.suptitle(f"{_title(result)}\nthe signals before each of {events} blow-ups (thin: a member, its arm's colour; "
+                 f"black: their median); grey: quiet steps, 5th–95th percentile", fontsize=9)
     return fig
