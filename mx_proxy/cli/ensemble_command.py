@@ -92,18 +92,20 @@ def write_figures(result: ensemble_result.EnsembleResult, folder, results) -> li
     ``folder/<name>_signals.png`` (with the branch history in ``results``, if any); each written atomically
     (on a full disk: elsewhere, saying that the results are in ``results``); prints and returns the paths."""
     Path(folder).mkdir(parents=True, exist_ok=True)
-    history = _ens.read_history(results) if results is not None else None
     figures = [("survival", plots.survival), ("blowup_rates", plots.blowup_rates), ("loss", plots.trajectories)]
     table = result.table
     if len(table) and table["event"].any() and result.spec.diagnostics:
+        history = _ens.read_history(results) if results is not None else None
         figures.append(("signals", lambda r: plots.signals_before(r, history)))
     paths = []
     for name, fn in figures:
         path = Path(folder) / f"{result.spec.name}_{name}.png"
         try:
             fig = fn(result)
-        except ValueError as err:  # e.g. every blow-up came before the first diagnostic step
-            print(f"figure {path} not drawn: {err}")
+        except ValueError as err:
+            if name != "signals":
+                raise
+            print(f"figure {path} not drawn: {err}")  # every blow-up came before the first diagnostic step
             continue
         durable.write_output(path, lambda p, fig=fig: fig.savefig(p, dpi=130, format="png"),
                              elsewhere=f"the results are in {results}")

@@ -43,7 +43,7 @@ import pandas as pd
 from mx_proxy.experiments import stats
 from mx_proxy.training import controllers
 
-__all__ = ["SIGNALS", "signal_frame", "labelled", "score", "HORIZONS", "QUIET_QUANTILE"]
+__all__ = ["SIGNALS", "signal_frame", "labelled", "score", "score_labelled", "HORIZONS", "QUIET_QUANTILE"]
 
 HORIZONS = (100, 500)
 QUIET_QUANTILE = 0.95
@@ -142,7 +142,12 @@ def score(result, history: pd.DataFrame | None = None, horizons=HORIZONS) -> pd.
     (member-steps with a value). ``result``: an
     :class:`mx_proxy.experiments.ensemble_result.EnsembleResult`; ``history``:
     the branch state's metrics, if any (for GNMR's mean since step 0)."""
-    d = labelled(result, history)
+    return score_labelled(labelled(result, history), horizons)
+
+
+def score_labelled(d: pd.DataFrame, horizons=HORIZONS) -> pd.DataFrame:
+    """:func:`score` of a :func:`labelled` frame ``d`` (for a caller that
+    already holds it, e.g. a figure of the same steps)."""
     h_max = max(horizons)
     rows = []
     for name, label in SIGNALS.items():

@@ -199,7 +199,7 @@ def signals_before(result, history: pd.DataFrame | None = None, window: int = 50
         raise ValueError(f"ensemble {result.spec.name!r} has no member that blew up after a diagnostic step: "
                          f"no signal to draw before a blow-up")
     quiet = d[d["until"] > max(sig.HORIZONS)]
-    scores = sig.score(result, history).set_index("signal")
+    scores = sig.score_labelled(d).set_index("signal")
     names = [n for n in sig.SIGNALS if n in scores.index]
     cols = max(1, min(cols, len(names)))
     rows = -(-len(names) // cols)
@@ -207,12 +207,12 @@ def signals_before(result, history: pd.DataFrame | None = None, window: int = 50
                              squeeze=False)
     every = max(int(result.spec.diagnostics or 1), 1)
     for ax, name in zip(axes.flat, names, strict=False):
+        s = scores.loc[name]
         q = quiet[name].to_numpy(dtype=float)
         q = q[np.isfinite(q)]
-        if len(q):
-            lo, hi = np.quantile(q, [0.05, sig.QUIET_QUANTILE])
-            ax.axhspan(lo, hi, color="0.85", lw=0)
-            ax.axhline(hi, color="0.4", ls="--", lw=1)
+        if len(q):  # the band's top is the report's alarm threshold, its 95th percentile
+            ax.axhspan(np.quantile(q, 0.05), s["threshold"], color="0.85", lw=0)
+            ax.axhline(s["threshold"], color="0.4", ls="--", lw=1)
         for (arm, _), g in hot.groupby(["arm", "member"], sort=False):
             g = g.sort_values("step")
             ax.plot(-g["until"], g[name], color=arm_style(result, arm)["color"], lw=0.6, alpha=0.6)
@@ -222,7 +222,6 @@ def signals_before(result, history: pd.DataFrame | None = None, window: int = 50
         vals = vals[np.isfinite(vals)]
         if len(vals) and vals.min() > 0 and vals.max() / vals.min() > 100:
             ax.set_yscale("log")
-        s = scores.loc[name]
         ax.set_title(f"{s['label']}\nwarned {int(s['warned'])}/{int(s['events'])}, AUC₁₀₀ {s['auc_100']:.2f}",
                      fontsize=8.5)
         ax.axvline(0, color="0.5", lw=0.8, ls=":")
