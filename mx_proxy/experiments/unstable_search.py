@@ -37,10 +37,20 @@ scratch folder): its rows are carried over from the table as they are,
 so a committed table is where the next machine starts. Members trained
 before the MX-first order (the first two settings, FP32 first) count the same.
 
+A setting's MX screen alone outlasts some sessions, and the run store may
+not survive to the next one. So the search also carries each setting's
+exported members (``--carry``, default ``results/unstable_search/``, next to
+the table, and committed with it): after every unit of four members it
+copies the setting's exports there, and before a setting trains it copies
+back whatever the store lacks. A fresh machine then trains only the members
+no machine finished (a member's numbers do not depend on which machine's
+unit it shared). The carried folders are the search's raw record too: every
+member's loss curve and diagnostics, kept after the table has decided.
+
 Usage::
 
     python -m mx_proxy.experiments.unstable_search --out ~/unstable-search [--hours 6] \\
-        [--table results/unstable_search.csv]
+        [--table results/unstable_search.csv] [--carry results/unstable_search]
     python -m mx_proxy.experiments.unstable_search --out ~/unstable-search --status
 
 ``--status`` prints the table and, per setting started and not decided, where
@@ -54,6 +64,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import re
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -66,7 +77,7 @@ from mx_proxy.store import durable
 from mx_proxy.training.config import Config
 
 __all__ = ["SETTINGS", "spec_of", "base_config", "ARMS", "search", "table", "read_table", "decided", "merged",
-           "progress", "SCREEN", "MEMBERS", "RATE", "MX_ARMS", "parse_setting"]
+           "progress", "SCREEN", "MEMBERS", "RATE", "MX_ARMS", "parse_setting", "carry"]
 
 ARMS = ("fp32", "paper_e4m3", "mxfp8_e4m3")
 MX_ARMS = ARMS[1:]
@@ -192,13 +203,39 @@ def progress(out) -> pd.DataFrame:
     return df[["setting", *[c for c in df.columns if c != "setting"]]]
 
 
+def carry(src, dst) -> int:
+    """Copy each file of the folder ``src`` (recursively) that ``dst`` lacks
+    or holds with other bytes into ``dst``, each written atomically (a
+    writer's temporary files are left behind); returns how many were copied.
+    How a setting's exported members travel, both ways, between its run
+    store's ``results`` and the carried folder. What is copied is read as
+    any export is: validated, and a damaged member is trained again
+    (:func:`mx_proxy.experiments.ensemble.exported`)."""
+    src, dst = Path(src), Path(dst)
+    if not src.is_dir():
+        return 0
+    copied = 0
+    for f in sorted(src.rglob("*")):
+        if not f.is_file() or durable.is_tmp(f.name):
+            continue
+        to = dst / f.relative_to(src)
+        if to.is_file() and to.read_bytes() == f.read_bytes():
+            continue
+        to.parent.mkdir(parents=True, exist_ok=True)
+        durable.atomic_write(to, lambda p, f=f: shutil.copyfile(f, p))
+        copied += 1
+    return copied
+
+
 def search(out, *, table_path=None, hours: float | None = None, settings=SETTINGS, progress: bool = True,
-           log: Callable[[str], None] = print, **changes) -> pd.DataFrame:
+           log: Callable[[str], None] = print, carry_to=None, **changes) -> pd.DataFrame:
     """Run the search (see the module docstring) in ``out`` until a setting
     qualifies, every setting is decided, or ``hours`` have passed (checked
     between stages); rewrite ``table_path`` after each stage. A setting that
     ``table_path`` already decided is skipped and its rows are kept; so is a
     setting whose shape was stable at a larger LR (rows ``skipped``).
+    ``carry_to``: the folder each setting's exported members are carried in
+    (:func:`carry`, after every unit; read back before the setting trains), or ``None``.
     ``changes``: Config fields every setting's base takes (smaller
     ``steps``/``batch`` for a test)."""
     out = Path(out).expanduser()
@@ -242,10 +279,13 @@ def search(out, *, table_path=None, hours: float | None = None, settings=SETTING
             continue
         if over():
             return write()
+        carried = None if carry_to is None else Path(carry_to) / spec.name
+        if carried is not None and (n := carry(carried, folder / "results")):
+            log(f"[unstable search] {spec.name}: {n} files of exported members carried in from {carried}")
         _ens.prepare(spec, folder)
         verdict = None
         for arm in (*MX_ARMS, "fp32"):  # the screen: FP32 only where an MX arm blew up
-            _ens.train_unit(folder, arm, tuple(range(SCREEN)), progress=progress)
+            _unit(folder, arm, range(SCREEN), carried, progress)
             df = write()
             verdict = _verdict_of(df, spec.name)
             if verdict is not None:
@@ -258,7 +298,8 @@ def search(out, *, table_path=None, hours: float | None = None, settings=SETTING
         log(f"[unstable search] {spec.name}, {SCREEN} members: {verdict or 'extending to 8'}")
         if over():
             return write()
-        _ens.run(spec, folder, upto=MEMBERS, group_size=SCREEN, progress=progress, log=log)
+        for arm in (*MX_ARMS, "fp32"):  # the full stage: members 4–7 of every arm
+            _unit(folder, arm, range(SCREEN, MEMBERS), carried, progress)
         df = write()
         verdict = _verdict_of(df, spec.name)
         if verdict == "qualifies":
@@ -266,6 +307,13 @@ def search(out, *, table_path=None, hours: float | None = None, settings=SETTING
             return df
         settle(spec.name, verdict, shape, lr)
     return write()
+
+
+def _unit(folder: Path, arm: str, members: range, carried: Path | None, progress: bool) -> None:
+    """Train (or load) ``members`` of ``arm`` in the setting's ``folder``, then carry its exports to ``carried``."""
+    _ens.train_unit(folder, arm, tuple(members), progress=progress)
+    if carried is not None:
+        carry(folder / "results", carried)
 
 
 def _verdict_of(df: pd.DataFrame, name: str) -> str | None:
@@ -317,6 +365,9 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="folder of the settings' ensembles (resumable)")
     p.add_argument("--table", default="results/unstable_search.csv", help="the table to rewrite after each stage")
+    p.add_argument("--carry", default="results/unstable_search",
+                   help="the folder each setting's exported members are carried in, to commit: after every unit of "
+                        "members, and read back before a setting trains (default: results/unstable_search)")
     p.add_argument("--hours", type=float, help="stop (between stages) after this many hours; rerun to continue")
     p.add_argument("--status", action="store_true", help="print the table of what has run, train nothing")
     p.add_argument("--settings", nargs="+", metavar="LABEL",
@@ -348,7 +399,7 @@ def main(argv=None) -> int:
                 print(now.to_string(index=False))
         return 0
     changes = {k: getattr(args, k) for k in ("steps", "batch") if getattr(args, k) is not None}
-    df = search(args.out, table_path=args.table, hours=args.hours, settings=settings, **changes)
+    df = search(args.out, table_path=args.table, hours=args.hours, settings=settings, carry_to=args.carry, **changes)
     print(df.to_string(index=False))
     return 0
 

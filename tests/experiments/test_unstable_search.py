@@ -114,6 +114,47 @@ def test_a_setting_the_table_decided_is_not_trained_again_and_its_rows_are_carri
     assert list(U.merged(tmp_path / "new", tmp_path / "t.csv")["setting"]) == list(df["setting"])
 
 
+def test_exported_members_are_carried_and_a_fresh_store_trains_only_what_no_machine_finished(tmp_path, trained):
+    """One machine finished paper_e4m3's screen and carried its exports (then its store was lost); a fresh store
+    with the carried folder trains mxfp8_e4m3's four members only, and decides as one uninterrupted search did.
+    The carried folder ends up holding every exported file of the setting, byte for byte."""
+    kw = dict(settings=[(16, 2, 3e-3)], steps=30, batch=32, progress=False, log=lambda _: None)
+    ref = U.search(tmp_path / "ref", **kw)
+    spec = U.spec_of(16, 2, 3e-3, steps=30, batch=32)
+    E.prepare(spec, tmp_path / "old" / spec.name)
+    E.train_unit(tmp_path / "old" / spec.name, "paper_e4m3", tuple(range(U.SCREEN)), progress=False)
+    carried = tmp_path / "carried" / spec.name
+    assert U.carry(tmp_path / "old" / spec.name / "results", carried) > U.SCREEN  # the spec and the members' files
+    trained.clear()
+    log = []
+    df = U.search(tmp_path / "new", carry_to=tmp_path / "carried", **dict(kw, log=log.append))
+    assert [c.recipe.name for c in trained] == ["mxfp8_e4m3"] * U.SCREEN
+    assert any(f"{spec.name}: " in line and "carried in from" in line for line in log)
+    pd.testing.assert_frame_equal(df, ref)
+    results = tmp_path / "new" / spec.name / "results"
+    files = sorted(f.relative_to(results) for f in results.rglob("*") if f.is_file())
+    assert files == sorted(f.relative_to(carried) for f in carried.rglob("*") if f.is_file())
+    assert all((results / f).read_bytes() == (carried / f).read_bytes() for f in files)
+    assert {f.parts[0] for f in files if len(f.parts) > 1} == {
+        E.member_label(a, i) for a in U.MX_ARMS for i in range(U.SCREEN)}
+
+
+def test_carry_copies_what_is_missing_or_different_and_skips_temporary_files(tmp_path):
+    from mx_proxy.store import durable
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    (src / "m0").mkdir(parents=True)
+    (src / "spec.json").write_text("{}")
+    (src / "m0" / "run.json").write_text("a")
+    (src / "m0" / durable.tmp_name("metrics.parquet")).write_text("half-written")
+    assert U.carry(src, dst) == 2 and (dst / "m0" / "run.json").read_text() == "a"
+    assert not any(durable.is_tmp(f.name) for f in dst.rglob("*"))
+    assert U.carry(src, dst) == 0  # nothing new
+    (src / "m0" / "run.json").write_text("b")  # a member exported again (its old export was damaged)
+    assert U.carry(src, dst) == 1 and (dst / "m0" / "run.json").read_text() == "b"
+    assert U.carry(tmp_path / "none", dst) == 0
+
+
 def test_a_table_that_is_not_the_searchs_is_refused(tmp_path):
     (tmp_path / "t.csv").write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="not the unstable search's table"):

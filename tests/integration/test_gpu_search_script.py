@@ -1,9 +1,11 @@
 """``scripts/gpu_search.sh`` end to end at width 16 (on whatever device this is): it starts from the committed
-table, searches, copies the rewritten table into ``$OUT`` and prints the status; a second call trains nothing."""
+table, searches, copies the rewritten table and the carried members into ``$OUT`` (never into the repository)
+and prints the status; a second call trains nothing."""
 
 import gpu_scripts
 import pandas as pd
 
+from mx_proxy.experiments import ensemble as E
 from mx_proxy.experiments import unstable_search as U
 
 ROOT = gpu_scripts.ROOT
@@ -28,6 +30,12 @@ def test_gpu_search_script_carries_the_committed_table_searches_and_copies_it(tm
     pd.testing.assert_frame_equal(carried, committed[committed["setting"].isin(U.decided(committed))]
                                   .reset_index(drop=True))
     assert (work / "status.txt").read_text() in done.stdout and "w16-d2-lr0.003" in done.stdout
+    members = out / "results" / "unstable_search" / "w16-d2-lr0.003"
+    exported = sorted(f.relative_to(members) for f in members.rglob("*") if f.is_file())
+    assert {f.parts[0] for f in exported if len(f.parts) > 1} == {
+        E.member_label(a, i) for a in U.MX_ARMS for i in range(U.SCREEN)}
+    assert all((members / f).read_bytes() == (work / "carried" / "w16-d2-lr0.003" / f).read_bytes() for f in exported)
+    assert not (ROOT / "results" / "unstable_search" / "w16-d2-lr0.003").exists()
     again = _call(work, out)  # everything decided: nothing trained, the same table
     assert again.returncode == 0 and "member-step/s" not in again.stderr
     pd.testing.assert_frame_equal(U.read_table(out / "results" / "unstable_search.csv"), got)
