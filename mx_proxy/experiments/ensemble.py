@@ -45,14 +45,12 @@ this process, ``jobs`` local worker processes, or a Slurm array). Folder ``OUT``
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 
-import pandas as pd
-
 from mx_proxy.experiments import branch as _branch
-from mx_proxy.experiments import campaign, executors
+from mx_proxy.experiments import executors
+from mx_proxy.experiments.ensemble_export import copy_members, export, exported
 from mx_proxy.experiments.ensemble_spec import (
     CONTROL,
     HISTORY,
@@ -65,7 +63,6 @@ from mx_proxy.experiments.ensemble_spec import (
     arm_names,
     default_out,
     extends,
-    load_member,
     member_key,
     member_label,
     positive_int,
@@ -90,7 +87,7 @@ from mx_proxy.training.result import Run
 # the spec's names are re-exported: mx_proxy.experiments.ensemble is the experiment's one entry point
 __all__ = ["Ensemble", "KINDS", "CONTROL", "TWIN", "HISTORY", "SPEC_FILE", "HISTORY_FILE", "arm_names", "extends",
            "member_label", "member_key", "read_spec", "read_history", "default_out", "units", "work", "train_unit",
-           "train_arm", "run", "export", "exported", "prepare", "prepare_branch", "read_branch"]
+           "train_arm", "run", "export", "exported", "copy_members", "prepare", "prepare_branch", "read_branch"]
 
 KEEP_CHECKPOINTS = 2  # a group interrupted while saving resumes from the newest step every member holds
 
@@ -156,21 +153,6 @@ def _check_unit(spec: Ensemble, arm: str, members) -> list[int]:
     if bad or len(set(members)) != len(members):
         raise ValueError(f"members {members} of arm {arm!r}: each once, in 0…{spec.members - 1}")
     return members
-
-
-def exported(spec: Ensemble, arm: str, i: int, results: Path) -> Run | None:
-    """Member ``i`` of ``arm`` as exported in ``results`` (and its twin's export
-    beside an ``unchanged`` member that has one), if that export is this
-    member's (its config is the one the member trains) and whole; else
-    ``None`` (a damaged export is trained again and rewritten)."""
-    labels = [member_label(arm, i)] + ([member_label(TWIN, i)] if arm == CONTROL and TWIN in spec.arms else [])
-    if not all((results / label / "run.json").exists() for label in labels):
-        return None
-    try:
-        r = load_member(spec, results / labels[0])
-    except ValueError:  # files.EntryError: a truncated or altered file
-        return None
-    return r if r.config == spec.config(arm, i) else None
 
 
 def _check_branch(spec: Ensemble, arm: str, todo: list[int], branch: _branch.Branch | None, bdir: Path) -> None:
@@ -241,37 +223,6 @@ def train_arm(out, arm: str, *, progress: bool = True, bar=None) -> list[Run]:
     """Every member of ``arm`` (:func:`train_unit`), in member order."""
     runs = train_unit(out, arm, None, progress=progress, bar=bar)
     return [runs[i] for i in sorted(runs)]
-
-
-# --------------------------------------------------------------------------- export
-
-
-def _twin_run(spec: Ensemble, r: Run, i: int) -> Run:
-    """The paired FP32 run of an ``unchanged`` member, as a member of the ``twin`` arm."""
-    m = r.metrics
-    cols = {"step": m["step"], "loss": m["ref_loss"], "lr": m["lr"], "grad_norm": m["ref_grad_norm"]}
-    metrics = pd.DataFrame(cols).dropna(subset=["loss"]).reset_index(drop=True)
-    cfg = spec.config(CONTROL, i).replace(recipe=spec.base.reference_recipe, paired_run=False)
-    info = dict(r.info, ensemble=dict(r.info["ensemble"], arm=TWIN), trained_with=r.info.get("key"),
-                stopped_with_pair=r.diverged_at)
-    return Run(cfg, metrics, None, None, r.wall_time_s, info)  # an engine stop of its pair censors it there
-
-
-def export(spec: Ensemble, arm: str, runs: dict[int, Run], results) -> None:
-    """Export members ``{i: run}`` of ``arm`` (and of ``twin`` beside
-    ``unchanged``) to ``results/<arm>-m<i>/`` and rewrite ``results/index.csv``."""
-    results = Path(results)
-    arms = [(arm, runs)] + ([(TWIN, {i: _twin_run(spec, r, i) for i, r in runs.items()})]
-                            if arm == CONTROL and TWIN in spec.arms else [])
-    for name, rs in arms:
-        for i, r in rs.items():
-            m = r.metrics
-            if spec.kind == "branch":
-                m = m[m["step"] >= spec.branch_at - HISTORY].reset_index(drop=True)
-            view = dataclasses.replace(r, metrics=m, info=dict(r.info, history_from=int(m["step"].iloc[0])))
-            campaign.export(view, member_label(name, i), "ensemble", results)
-    index = campaign.results_index(results)
-    durable.atomic_write(results / "index.csv", lambda p: index.to_csv(p, index=False))
 
 
 # --------------------------------------------------------------------------- the whole ensemble

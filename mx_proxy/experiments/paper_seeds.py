@@ -35,13 +35,12 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import shutil
 import time
 from pathlib import Path
 
 from mx_proxy.experiments import ensemble as _ens
 from mx_proxy.experiments import ensemble_status
-from mx_proxy.store import durable, files
+from mx_proxy.store import files
 from mx_proxy.training.config import Config
 
 __all__ = ["PARENT", "COMMITTED", "ARMS", "NAME", "base_config", "spec_of", "copy_committed", "run", "main"]
@@ -72,26 +71,10 @@ def spec_of(members: int = MEMBERS, *, arms=ARMS, first_seed: int = 1, parent=PA
 def copy_committed(spec: _ens.Ensemble, out, committed=COMMITTED) -> list[str]:
     """Copy into ``out/results`` each member of ``spec`` that ``committed``
     (a results folder) has exported, whole and with the config ``spec``
-    trains it with, and ``out/results`` has not; each folder is copied to a
-    temporary sibling and renamed into place. Returns the copied members'
-    labels (none where ``committed`` is missing or is ``out/results`` itself)."""
-    results = Path(out).expanduser() / "results"
-    committed = Path(committed).expanduser()
-    if not committed.is_dir() or committed.resolve() == results.resolve():
-        return []
-    copied = []
-    for arm in spec.arms:
-        for i in range(spec.members):
-            label = _ens.member_label(arm, i)
-            if (_ens.exported(spec, arm, i, results) is not None
-                    or _ens.exported(spec, arm, i, committed) is None):
-                continue
-            durable.discard(results / label)  # a damaged or foreign export in the way
-            tmp = results / durable.tmp_name(label)
-            shutil.copytree(committed / label, tmp)
-            durable.rename(tmp, results / label)
-            copied.append(label)
-    return copied
+    trains it with, and ``out/results`` has not
+    (:func:`mx_proxy.experiments.ensemble.copy_members`). Returns the copied
+    members' labels (none where ``committed`` is missing or is ``out/results`` itself)."""
+    return _ens.copy_members(spec, committed, Path(out).expanduser() / "results")
 
 
 def run(spec: _ens.Ensemble, out, *, group_size: int | None = 1, hours: float | None = None, progress: bool = True,

@@ -64,7 +64,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import re
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -77,7 +76,7 @@ from mx_proxy.store import durable
 from mx_proxy.training.config import Config
 
 __all__ = ["SETTINGS", "spec_of", "base_config", "ARMS", "search", "table", "read_table", "decided", "merged",
-           "progress", "SCREEN", "MEMBERS", "RATE", "MX_ARMS", "parse_setting", "carry"]
+           "progress", "SCREEN", "MEMBERS", "RATE", "MX_ARMS", "parse_setting"]
 
 ARMS = ("fp32", "paper_e4m3", "mxfp8_e4m3")
 MX_ARMS = ARMS[1:]
@@ -203,30 +202,6 @@ def progress(out) -> pd.DataFrame:
     return df[["setting", *[c for c in df.columns if c != "setting"]]]
 
 
-def carry(src, dst) -> int:
-    """Copy each file of the folder ``src`` (recursively) that ``dst`` lacks
-    or holds with other bytes into ``dst``, each written atomically (a
-    writer's temporary files are left behind); returns how many were copied.
-    How a setting's exported members travel, both ways, between its run
-    store's ``results`` and the carried folder. What is copied is read as
-    any export is: validated, and a damaged member is trained again
-    (:func:`mx_proxy.experiments.ensemble.exported`)."""
-    src, dst = Path(src), Path(dst)
-    if not src.is_dir():
-        return 0
-    copied = 0
-    for f in sorted(src.rglob("*")):
-        if not f.is_file() or durable.is_tmp(f.name):
-            continue
-        to = dst / f.relative_to(src)
-        if to.is_file() and to.read_bytes() == f.read_bytes():
-            continue
-        to.parent.mkdir(parents=True, exist_ok=True)
-        durable.atomic_write(to, lambda p, f=f: shutil.copyfile(f, p))
-        copied += 1
-    return copied
-
-
 def search(out, *, table_path=None, hours: float | None = None, settings=SETTINGS, progress: bool = True,
            log: Callable[[str], None] = print, carry_to=None, **changes) -> pd.DataFrame:
     """Run the search (see the module docstring) in ``out`` until a setting
@@ -235,7 +210,8 @@ def search(out, *, table_path=None, hours: float | None = None, settings=SETTING
     ``table_path`` already decided is skipped and its rows are kept; so is a
     setting whose shape was stable at a larger LR (rows ``skipped``).
     ``carry_to``: the folder each setting's exported members are carried in
-    (:func:`carry`, after every unit; read back before the setting trains), or ``None``.
+    (:func:`mx_proxy.experiments.ensemble.copy_members`, after every unit;
+    read back before the setting trains), or ``None``.
     ``changes``: Config fields every setting's base takes (smaller
     ``steps``/``batch`` for a test)."""
     out = Path(out).expanduser()
@@ -280,12 +256,12 @@ def search(out, *, table_path=None, hours: float | None = None, settings=SETTING
         if over():
             return write()
         carried = None if carry_to is None else Path(carry_to) / spec.name
-        if carried is not None and (n := carry(carried, folder / "results")):
-            log(f"[unstable search] {spec.name}: {n} files of exported members carried in from {carried}")
         _ens.prepare(spec, folder)
+        if carried is not None and (got := _ens.copy_members(spec, carried, folder / "results")):
+            log(f"[unstable search] {spec.name}: {len(got)} exported members carried in from {carried}")
         verdict = None
         for arm in (*MX_ARMS, "fp32"):  # the screen: FP32 only where an MX arm blew up
-            _unit(folder, arm, range(SCREEN), carried, progress)
+            _unit(spec, folder, arm, range(SCREEN), carried, progress)
             df = write()
             verdict = _verdict_of(df, spec.name)
             if verdict is not None:
@@ -299,7 +275,7 @@ def search(out, *, table_path=None, hours: float | None = None, settings=SETTING
         if over():
             return write()
         for arm in (*MX_ARMS, "fp32"):  # the full stage: members 4–7 of every arm
-            _unit(folder, arm, range(SCREEN, MEMBERS), carried, progress)
+            _unit(spec, folder, arm, range(SCREEN, MEMBERS), carried, progress)
         df = write()
         verdict = _verdict_of(df, spec.name)
         if verdict == "qualifies":
@@ -309,11 +285,11 @@ def search(out, *, table_path=None, hours: float | None = None, settings=SETTING
     return write()
 
 
-def _unit(folder: Path, arm: str, members: range, carried: Path | None, progress: bool) -> None:
+def _unit(spec: _ens.Ensemble, folder: Path, arm: str, members: range, carried: Path | None, progress: bool) -> None:
     """Train (or load) ``members`` of ``arm`` in the setting's ``folder``, then carry its exports to ``carried``."""
     _ens.train_unit(folder, arm, tuple(members), progress=progress)
     if carried is not None:
-        carry(folder / "results", carried)
+        _ens.copy_members(spec, folder / "results", carried)
 
 
 def _verdict_of(df: pd.DataFrame, name: str) -> str | None:

@@ -1,6 +1,7 @@
 """A committed branch ensemble continued on a fresh machine (width 16): its state replayed without the twin,
 checked against the recorded history, only the missing members trained, each exported into the committed folder."""
 
+import dataclasses
 import shutil
 
 import numpy as np
@@ -77,7 +78,7 @@ def test_a_replay_that_drifted_is_refused_and_new_starts_a_replica_from_it(commi
         B.continue_ensemble(mine, tmp_path / "w1", progress=False, log=lambda *_: None)
     with pytest.raises(ValueError, match="is the committed ensemble's own folder"):
         B.continue_ensemble(mine, tmp_path / "w2", new=mine, progress=False, log=lambda *_: None)
-    other = E.dataclasses.replace(E.read_spec(mine), name="elsewhere", horizon=5)
+    other = dataclasses.replace(E.read_spec(mine), name="elsewhere", horizon=5)
     E.write_spec(other, tmp_path / "elsewhere")
     trained.clear()
     with pytest.raises(ValueError, match="holds another ensemble"):  # before any replay step
@@ -86,7 +87,7 @@ def test_a_replay_that_drifted_is_refused_and_new_starts_a_replica_from_it(commi
     got = B.continue_ensemble(mine, tmp_path / "w2", new=tmp_path / "t-here", progress=False, log=lambda *_: None)
     assert [(c.recipe.name, c.paired_run) for c in trained][0] == ("paper_e4m3", True)  # the replay, with its twin
     new = mxp.load_ensemble(tmp_path / "t-here")
-    assert new.spec == E.dataclasses.replace(E.read_spec(mine), name="t-here")
+    assert new.spec == dataclasses.replace(E.read_spec(mine), name="t-here")
     assert sorted(p.relative_to(mine) for p in mine.rglob("*")) == before  # nothing written into the committed one
     replayed = pd.read_parquet(tmp_path / "t-here" / E.HISTORY_FILE)
     pd.testing.assert_frame_equal(replayed, pd.read_parquet(results / E.HISTORY_FILE))  # this machine's, unaltered

@@ -124,7 +124,8 @@ def test_exported_members_are_carried_and_a_fresh_store_trains_only_what_no_mach
     E.prepare(spec, tmp_path / "old" / spec.name)
     E.train_unit(tmp_path / "old" / spec.name, "paper_e4m3", tuple(range(U.SCREEN)), progress=False)
     carried = tmp_path / "carried" / spec.name
-    assert U.carry(tmp_path / "old" / spec.name / "results", carried) > U.SCREEN  # the spec and the members' files
+    assert E.copy_members(spec, tmp_path / "old" / spec.name / "results", carried) == [
+        E.member_label("paper_e4m3", i) for i in range(U.SCREEN)]
     trained.clear()
     log = []
     df = U.search(tmp_path / "new", carry_to=tmp_path / "carried", **dict(kw, log=log.append))
@@ -139,20 +140,23 @@ def test_exported_members_are_carried_and_a_fresh_store_trains_only_what_no_mach
         E.member_label(a, i) for a in U.MX_ARMS for i in range(U.SCREEN)}
 
 
-def test_carry_copies_what_is_missing_or_different_and_skips_temporary_files(tmp_path):
-    from mx_proxy.store import durable
-
-    src, dst = tmp_path / "src", tmp_path / "dst"
-    (src / "m0").mkdir(parents=True)
-    (src / "spec.json").write_text("{}")
-    (src / "m0" / "run.json").write_text("a")
-    (src / "m0" / durable.tmp_name("metrics.parquet")).write_text("half-written")
-    assert U.carry(src, dst) == 2 and (dst / "m0" / "run.json").read_text() == "a"
-    assert not any(durable.is_tmp(f.name) for f in dst.rglob("*"))
-    assert U.carry(src, dst) == 0  # nothing new
-    (src / "m0" / "run.json").write_text("b")  # a member exported again (its old export was damaged)
-    assert U.carry(src, dst) == 1 and (dst / "m0" / "run.json").read_text() == "b"
-    assert U.carry(tmp_path / "none", dst) == 0
+def test_copy_members_copies_what_is_missing_or_damaged_and_nothing_else(tmp_path):
+    """The carrying mechanism (ensemble.copy_members, also paper_seeds.copy_committed): whole member folders that
+    the destination lacks, with the spec and index beside them; a damaged member is copied again, a whole one
+    and a folder copied onto itself are left alone."""
+    spec = U.spec_of(16, 2, 3e-3, steps=20, batch=32)
+    E.prepare(spec, tmp_path / "s")
+    E.train_unit(tmp_path / "s", "paper_e4m3", (0, 1), progress=False)
+    src, dst = tmp_path / "s" / "results", tmp_path / "carried"
+    assert E.copy_members(spec, src, dst) == ["paper_e4m3-m00", "paper_e4m3-m01"]
+    assert E.read_spec(dst) == spec and (dst / "index.csv").read_bytes() == (src / "index.csv").read_bytes()
+    assert E.copy_members(spec, src, dst) == []  # nothing new
+    (dst / "paper_e4m3-m01" / "metrics.parquet").write_bytes(b"truncated")
+    assert E.copy_members(spec, src, dst) == ["paper_e4m3-m01"]
+    files = sorted(f.relative_to(src) for f in src.rglob("*") if f.is_file())
+    assert files == sorted(f.relative_to(dst) for f in dst.rglob("*") if f.is_file())
+    assert all((src / f).read_bytes() == (dst / f).read_bytes() for f in files)
+    assert E.copy_members(spec, src, src) == [] and E.copy_members(spec, tmp_path / "none", dst) == []
 
 
 def test_a_table_that_is_not_the_searchs_is_refused(tmp_path):

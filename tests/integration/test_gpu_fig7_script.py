@@ -2,6 +2,8 @@
 it replays the state, trains the replica ensemble into ``$OUT`` and prints its report; a second call trains
 nothing."""
 
+import dataclasses
+
 import gpu_scripts
 import numpy as np
 
@@ -27,7 +29,7 @@ def test_gpu_fig7_script_replicates_the_committed_ensemble_and_reports(tmp_path)
     gpu_scripts.assert_trained(done, "fig7 replica")
     dest = out / "results" / "ensembles" / "tiny-gpu"
     new, old = mxp.load_ensemble(dest), mxp.load_ensemble(committed)
-    assert new.spec == E.dataclasses.replace(old.spec, name="tiny-gpu")
+    assert new.spec == dataclasses.replace(old.spec, name="tiny-gpu")
     for arm in old.runs:  # on this device the replay is the run: the replica equals the committed members
         for a, b in zip(new.runs[arm], old.runs[arm], strict=True):
             np.testing.assert_array_equal(a.metrics["loss"], b.metrics["loss"])
