@@ -19,8 +19,8 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax.experimental.layout import Layout, with_layout_constraint
 
+from mx_proxy.nn.copies import transposed_copy
 from mx_proxy.nn.rounding import _round_grad, vround
 from mx_proxy.numerics.operands import OPERANDS
 from mx_proxy.numerics.quantize import MXSpec, quantize
@@ -107,10 +107,11 @@ def _gemm(a, b, a_spec, b_spec, vector, backend, a_axis, b_axis, a_key, b_key, r
 
         def cpu_bf16_dot(qa, qb):
             # YNNPACK's bf16 GEMM is fast for a (M, K) @ (K, N) and (M, K) x (N, K) but not when a's K is
-            # its major axis (the wgrad GEMM): give that operand a row-major (K-minor) transposed copy.
+            # its major axis (the wgrad GEMM): give that operand a row-major (K-minor) transposed copy, in a
+            # loop of its own, not fused with the quantizer's (mx_proxy.nn.copies).
             qa, qb = qa.astype(jnp.bfloat16), qb.astype(jnp.bfloat16)
             if a_axis == 0:
-                qa = with_layout_constraint(qa.T, Layout(major_to_minor=(0, 1)))
+                qa = transposed_copy(qa)
                 return jax.lax.dot_general(qa, qb, (((1,), (b_axis,)), ((), ())), preferred_element_type=jnp.float32)
             return jax.lax.dot_general(qa, qb, dims, preferred_element_type=jnp.float32)
 
