@@ -186,3 +186,54 @@ def test_everything_but_the_slurm_executor_runs_without_submitit(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "--executor slurm: the slurm executor needs submitit" in done.stdout
     assert "pip install submitit" in done.stdout
+
+
+_KEEPS_HANDLERS = """
+import io, logging, os, sys
+
+
+class Closing(logging.StreamHandler):  # closes its stream when closed, as absl's handler does
+    def close(self):
+        self.stream.close()
+        super().close()
+
+
+root_stream, user_stream = io.StringIO(), io.StringIO()
+root_handler, user_handler = Closing(root_stream), Closing(user_stream)
+logging.getLogger().addHandler(root_handler)
+logging.getLogger("user").addHandler(user_handler)
+import mx_proxy.experiments.executors  # imports submitit (the job side subclasses its Checkpointable)
+from mx_proxy.experiments.executors.submitit_import import import_submitit
+import_submitit()  # a second call adds nothing
+assert not root_stream.closed and not user_stream.closed
+assert root_handler in logging.getLogger().handlers and user_handler in logging.getLogger("user").handlers
+assert "SUBMITIT_LOG_LEVEL" not in os.environ
+log = logging.getLogger("submitit")
+assert len(log.handlers) == 2 and log.level == logging.INFO
+log.info("an info line"); log.warning("a warning line")
+"""
+
+
+def test_importing_submitit_keeps_the_process_logging(tmp_path):
+    """submitit's own import-time logging configuration closes every handler the process has (it closed pytest's
+    captured stderr under a test that ran the CLI); through import_submitit the handlers stay, and submitit's
+    logger still writes as its configuration would: everything to stdout, warnings also to stderr."""
+    pytest.importorskip("submitit")
+    env = {k: v for k, v in os.environ.items() if k != "SUBMITIT_LOG_LEVEL"}
+    env["PYTHONPATH"] = str(Path(mxp.__file__).parents[1])
+    res = subprocess.run([sys.executable, "-c", _KEEPS_HANDLERS], capture_output=True, text=True, env=env,
+                         cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "submitit INFO" in res.stdout and "submitit WARNING" in res.stdout
+    assert "a warning line" in res.stderr and "an info line" not in res.stderr
+
+
+def test_a_chosen_submitit_log_level_is_left_to_submitit(tmp_path):
+    pytest.importorskip("submitit")
+    code = ("import os, logging; import mx_proxy.experiments.executors; "
+            "assert os.environ['SUBMITIT_LOG_LEVEL'] == 'WARNING'; "
+            "assert logging.getLogger('submitit').level == logging.WARNING, logging.getLogger('submitit').level")
+    env = {**os.environ, "SUBMITIT_LOG_LEVEL": "WARNING", "PYTHONPATH": str(Path(mxp.__file__).parents[1])}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]

@@ -33,8 +33,10 @@ import subprocess
 import sys
 import time
 
+from mx_proxy.experiments.executors.submitit_import import import_submitit
+
 try:
-    from submitit.helpers import Checkpointable
+    Checkpointable = import_submitit().helpers.Checkpointable
 except ModuleNotFoundError:  # only submitting needs submitit (slurm._submitit says so): without it no job runs here
     Checkpointable = object
 

@@ -37,6 +37,7 @@ from mx_proxy.experiments import tracking
 from mx_proxy.experiments.executors.base import Failure, OnUnit, WorkUnit, newest_checkpoint, stored
 from mx_proxy.experiments.executors.job import UnitJob
 from mx_proxy.experiments.executors.options import SlurmOptions
+from mx_proxy.experiments.executors.submitit_import import import_submitit
 from mx_proxy.store import durable
 
 if TYPE_CHECKING:
@@ -54,12 +55,10 @@ def _submitit():
     """submitit, imported only where a job is submitted or watched, so that everything else (an ensemble on
     the local executor, say on a GPU image without submitit) runs without it."""
     try:
-        import submitit
-        import submitit.slurm.slurm
+        return import_submitit()
     except ModuleNotFoundError as e:
         raise ModuleNotFoundError(f"the slurm executor needs submitit ({e}); pip install submitit, or use the "
                                   f"local executor") from e
-    return submitit
 
 
 def unit_id(unit: WorkUnit) -> str:
