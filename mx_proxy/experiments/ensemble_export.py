@@ -20,12 +20,22 @@ from mx_proxy.training.result import Run
 __all__ = ["export", "exported", "copy_members"]
 
 
+def _has_twin(spec: Ensemble, arm: str) -> bool:
+    """Whether ``arm``'s members are exported with their paired FP32 twin beside them."""
+    return arm == CONTROL and TWIN in spec.arms
+
+
+def _labels(spec: Ensemble, arm: str, i: int) -> list[str]:
+    """The export folders of member ``i`` of ``arm``: its own, and its twin's where it has one."""
+    return [member_label(arm, i)] + ([member_label(TWIN, i)] if _has_twin(spec, arm) else [])
+
+
 def exported(spec: Ensemble, arm: str, i: int, results: Path) -> Run | None:
     """Member ``i`` of ``arm`` as exported in ``results`` (and its twin's export
     beside an ``unchanged`` member that has one), if that export is this
     member's (its config is the one the member trains) and whole; else
     ``None`` (a damaged export is trained again and rewritten)."""
-    labels = [member_label(arm, i)] + ([member_label(TWIN, i)] if arm == CONTROL and TWIN in spec.arms else [])
+    labels = _labels(spec, arm, i)
     if not all((results / label / "run.json").exists() for label in labels):
         return None
     try:
@@ -51,7 +61,7 @@ def export(spec: Ensemble, arm: str, runs: dict[int, Run], results) -> None:
     ``unchanged``) to ``results/<arm>-m<i>/`` and rewrite ``results/index.csv``."""
     results = Path(results)
     arms = [(arm, runs)] + ([(TWIN, {i: _twin_run(spec, r, i) for i, r in runs.items()})]
-                            if arm == CONTROL and TWIN in spec.arms else [])
+                            if _has_twin(spec, arm) else [])
     for name, rs in arms:
         for i, r in rs.items():
             m = r.metrics
@@ -85,7 +95,7 @@ def copy_members(spec: Ensemble, src, dst) -> list[str]:
         for i in range(spec.members):
             if exported(spec, arm, i, dst) is not None or exported(spec, arm, i, src) is None:
                 continue
-            labels = [member_label(arm, i)] + ([member_label(TWIN, i)] if arm == CONTROL and TWIN in spec.arms else [])
+            labels = _labels(spec, arm, i)
             for label in labels:
                 durable.discard(dst / label)  # a damaged or foreign export in the way
                 tmp = dst / durable.tmp_name(label)
