@@ -237,3 +237,17 @@ def test_a_chosen_submitit_log_level_is_left_to_submitit(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
                          timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
+
+
+def test_submitit_imported_first_keeps_its_own_logging(tmp_path):
+    """Where the user imported submitit before, it configured its logger itself: nothing is added to it."""
+    pytest.importorskip("submitit")
+    code = ("import logging, submitit; before = list(logging.getLogger('submitit').handlers); "
+            "import mx_proxy.experiments.executors; from mx_proxy.experiments.executors.submitit_import import "
+            "import_submitit; import_submitit(); assert logging.getLogger('submitit').handlers == before, "
+            "logging.getLogger('submitit').handlers; assert len(before) == 2")
+    env = {k: v for k, v in os.environ.items() if k != "SUBMITIT_LOG_LEVEL"}
+    env["PYTHONPATH"] = str(Path(mxp.__file__).parents[1])
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]

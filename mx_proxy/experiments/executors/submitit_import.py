@@ -22,36 +22,34 @@ __all__ = ["import_submitit", "LOG_VARIABLE"]
 
 LOG_VARIABLE = "SUBMITIT_LOG_LEVEL"
 _FORMAT = "%(name)s %(levelname)s (%(asctime)s) - %(message)s"
-_OURS = "_mx_proxy_submitit_handler"
 
 
 def import_submitit() -> ModuleType:
     """``submitit`` with ``submitit.helpers`` and ``submitit.slurm.slurm``
-    loaded (raises ``ModuleNotFoundError`` without it)."""
-    chosen = os.environ.get(LOG_VARIABLE)
-    if chosen is None:
+    loaded (raises ``ModuleNotFoundError`` without it). Only the call that
+    imports it first, with ``SUBMITIT_LOG_LEVEL`` unset, configures its
+    logger: where submitit was imported already, it configured itself."""
+    quiet = "submitit" not in sys.modules and os.environ.get(LOG_VARIABLE) is None
+    if quiet:
         os.environ[LOG_VARIABLE] = "NOCONFIG"
     try:
         import submitit
         import submitit.helpers
         import submitit.slurm.slurm
     finally:
-        if chosen is None:
+        if quiet:
             os.environ.pop(LOG_VARIABLE, None)
-    if chosen is None:
+    if quiet:
         _configure_logger()
     return submitit
 
 
 def _configure_logger() -> None:
-    """The two handlers of submitit's own configuration, on its logger only (once)."""
+    """The two handlers of submitit's own configuration, on its logger only."""
     logger = logging.getLogger("submitit")
-    if any(getattr(h, _OURS, False) for h in logger.handlers):
-        return
     for stream, level in ((sys.stdout, logging.DEBUG), (sys.stderr, logging.WARNING)):
         handler = logging.StreamHandler(stream)
         handler.setLevel(level)
         handler.setFormatter(logging.Formatter(_FORMAT))
-        setattr(handler, _OURS, True)
         logger.addHandler(handler)
     logger.setLevel(logging.INFO)
