@@ -6,25 +6,46 @@
 # The device tool returns at most 8 files from $OUT, no more than two folders down, so the exports the GPU
 # scripts write under $OUT/results/ensembles/NAME/MEMBER/ would not come back as they are. This runs the kernel
 # check (scripts/gpu_kernels.py, at most a quarter of SECONDS: by default only its Mosaic GPU probe and the
-# environment, the kernels' tests and bench having been measured on 2026-12-04; KERNELS=full adds them) and then
+# environment, the kernels' tests and bench having been measured on 2026-12-04; KERNELS=full adds them,
+# KERNELS=none skips the check and gives its time to the ensembles) and then
 # the ensembles (scripts/gpu_session.sh, the rest) with $OUT pointed at a staging folder, and packs that folder
-# into $OUT/gpu_out.tar.gz with the two logs beside it. Unpack the archive in the repository root
-# (`tar xzf gpu_out.tar.gz`): its paths are the repository's (results/..., plus gpu_kernels.log and
-# gemm_tuning.json at its top).
+# into $OUT/gpu_out.tar.gz with the two logs beside it; an archive over 15 MiB ($PART_BYTES) is split into
+# pieces gpu_out.tar.gz.part0, part1, ..., since no file over 16 MiB comes back. Unpack it in the repository
+# root (`tar xzf gpu_out.tar.gz`, or `cat gpu_out.tar.gz.part* | tar xz`): its paths are the repository's
+# (results/..., plus gpu_kernels.log and gemm_tuning.json at its top).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 TOTAL="${1:-560}"
 RETURN="${OUT:?scripts/gpu_lease.sh needs OUT, the device machine output folder}"
 STAGE="$(mktemp -d /tmp/gpu-lease.XXXXXX)"
-trap 'rm -rf "$STAGE"' EXIT
+trap 'rm -rf "$STAGE" "$STAGE.tar.gz"' EXIT
+PART_BYTES="${PART_BYTES:-15728640}"  # 15 MiB: the device tool returns files of at most 16 MiB
 export OUT="$STAGE" PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + TOTAL ))
 KERNEL_S=$(( TOTAL / 4 ))
 SKIP="tests bench autotune cpu_tests"
-[ "${KERNELS:-probe}" = full ] && SKIP="autotune cpu_tests"
-timeout --signal=INT $(( KERNEL_S + 20 )) python scripts/gpu_kernels.py --out "$STAGE" --budget-s "$KERNEL_S" \
-  --skip $SKIP 2>&1 | tee "$RETURN/kernels.log"
+case "${KERNELS:-probe}" in
+  probe) ;;
+  full) SKIP="autotune cpu_tests" ;;
+  none) KERNEL_S=0 ;;
+  *) echo "gpu lease: KERNELS='$KERNELS'; valid: probe (default), full, none" >&2; exit 2 ;;
+esac
+if [ "$KERNEL_S" -gt 0 ]; then
+  timeout --signal=INT $(( KERNEL_S + 20 )) python scripts/gpu_kernels.py --out "$STAGE" --budget-s "$KERNEL_S" \
+    --skip $SKIP 2>&1 | tee "$RETURN/kernels.log"
+fi
 LEFT=$(( END - $(date +%s) - 15 ))
 bash scripts/gpu_session.sh "$LEFT" 2>&1 | tee "$RETURN/session.log"
-tar czf "$RETURN/gpu_out.tar.gz.tmp" -C "$STAGE" . && mv "$RETURN/gpu_out.tar.gz.tmp" "$RETURN/gpu_out.tar.gz"
-echo "gpu lease: packed $(du -sh "$RETURN/gpu_out.tar.gz" | cut -f1) into gpu_out.tar.gz"
+tar czf "$STAGE.tar.gz" -C "$STAGE" . || exit 1
+if [ "$(stat -c %s "$STAGE.tar.gz")" -le "$PART_BYTES" ]; then
+  mv "$STAGE.tar.gz" "$RETURN/gpu_out.tar.gz"
+  echo "gpu lease: packed $(du -sh "$RETURN/gpu_out.tar.gz" | cut -f1) into gpu_out.tar.gz"
+else  # a file over the device tool's 16 MiB does not come back: pieces of PART_BYTES, joined again by cat
+  split -b "$PART_BYTES" -d -a 1 "$STAGE.tar.gz" "$RETURN/gpu_out.tar.gz.part" && rm "$STAGE.tar.gz"
+  PARTS=$(ls "$RETURN" | grep -c '^gpu_out.tar.gz.part')
+  echo "gpu lease: packed $(du -shc "$RETURN"/gpu_out.tar.gz.part* | tail -1 | cut -f1) into $PARTS pieces," \
+    "gpu_out.tar.gz.part0...; join them with: cat gpu_out.tar.gz.part* | tar xz"
+  if [ "$PARTS" -gt 6 ]; then
+    echo "gpu lease: $PARTS pieces; the device tool returns 8 files, 64 MiB in all" >&2
+  fi
+fi

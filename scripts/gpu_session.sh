@@ -10,12 +10,22 @@
 # a unit cut short is lost with the machine, so the time goes to one job at a time rather than split. A second
 # call on the same (still warm) machine resumes where the first stopped; commit what comes back. The Fig. 7 replica
 # gets $FIG7_OPTIONS (default: `--arms adam_eps=1e-15 train_ln_bias`, the two mechanism arms appended after the
-# spec's: Adam's epsilon, and the authors' computation with its LN bias trained).
+# spec's: Adam's epsilon, and the authors' computation with its LN bias trained), the search $SEARCH_OPTIONS
+# (default none; e.g. `--settings w256-d4-lr0.003 ...`, the settings another machine is not training).
+# $GPU_JOBS names the jobs and their order (default `fig7 seeds search`), e.g. GPU_JOBS=search where the other
+# two have what they need.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 END=$(( $(date +%s) + ${1:-520} ))
-for job in "gpu_fig7.sh /tmp/proxy-fig7" "gpu_seeds.sh /tmp/proxy-seeds" "gpu_search.sh /tmp/proxy-search"; do
-  set -- $job
+JOBS="${GPU_JOBS-fig7 seeds search}"
+for name in $JOBS; do
+  case "$name" in
+    fig7|seeds|search) ;;
+    *) echo "gpu session: GPU_JOBS names '$name'; valid jobs: fig7 seeds search" >&2; exit 2 ;;
+  esac
+done
+for name in $JOBS; do
+  set -- "gpu_$name.sh" "/tmp/proxy-$name"
   LEFT=$(( END - $(date +%s) ))
   if [ "$LEFT" -lt 30 ]; then
     echo "gpu session: $1 not started ($LEFT s left)"
@@ -23,6 +33,8 @@ for job in "gpu_fig7.sh /tmp/proxy-fig7" "gpu_seeds.sh /tmp/proxy-seeds" "gpu_se
   fi
   if [ "$1" = gpu_fig7.sh ]; then
     bash "scripts/$1" "$LEFT" "$2" ${FIG7_OPTIONS---arms adam_eps=1e-15 train_ln_bias}
+  elif [ "$1" = gpu_search.sh ]; then
+    bash "scripts/$1" "$LEFT" "$2" ${SEARCH_OPTIONS-}
   else
     bash "scripts/$1" "$LEFT" "$2"
   fi

@@ -35,3 +35,15 @@ def test_gpu_session_gives_the_fig7_replica_its_options_and_the_others_none(tmp_
     options = "--arms rceil --group-size 4"
     assert jobs(FIG7_OPTIONS=options)[0] == f"gpu_fig7.sh /tmp/proxy-fig7 {options}"
     assert jobs(FIG7_OPTIONS="")[0] == "gpu_fig7.sh /tmp/proxy-fig7 "
+    assert jobs(SEARCH_OPTIONS="--settings w256-d4-lr0.002")[2] == "gpu_search.sh /tmp/proxy-search --settings w256-d4-lr0.002"
+    assert jobs(GPU_JOBS="search fig7") == ["gpu_search.sh /tmp/proxy-search ",
+                                           "gpu_fig7.sh /tmp/proxy-fig7 --arms adam_eps=1e-15 train_ln_bias"]
+    assert jobs(GPU_JOBS="") == []
+
+
+def test_gpu_session_refuses_a_job_it_does_not_know(tmp_path):
+    done = subprocess.run(["bash", str(gpu_scripts.ROOT / "scripts" / "gpu_session.sh"), "100"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "GPU_JOBS": "seeds fig8"})
+    assert done.returncode == 2
+    assert "'fig8'" in done.stderr and "fig7 seeds search" in done.stderr
+    assert done.stdout == "" and not (tmp_path / "results").exists()  # refused before any job started
