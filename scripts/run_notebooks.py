@@ -228,7 +228,7 @@ def differences(committed, rerun, textless: Path) -> list[str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("only", nargs="*", help="notebook number prefixes (default: all)")
-    p.add_argument("--scale", help="override SCALE (smoke, quick, medium, paper)")
+    p.add_argument("--scale", help="override SCALE (smoke, quick, medium, unstable, paper)")
     p.add_argument("--store", help="override STORE (a run-store folder)")
     p.add_argument("--timeout", type=int, default=7200, help="seconds per cell")
     p.add_argument("--check", action="store_true",

@@ -10,7 +10,7 @@ from mx_proxy.experiments import scales
 
 
 def test_names_and_get():
-    assert scales.names() == ("smoke", "quick", "medium", "paper")
+    assert scales.names() == ("smoke", "quick", "medium", "unstable", "paper")
     for name in scales.names():
         s = scales.get(name)
         assert s.name == name
@@ -23,7 +23,7 @@ def test_names_and_get():
 
 
 def test_unknown_scale_names_the_valid_ones():
-    with pytest.raises(ValueError, match="smoke, quick, medium, paper"):
+    with pytest.raises(ValueError, match="smoke, quick, medium, unstable, paper"):
         scales.get("huge")
     with pytest.raises(ValueError):
         scales.get(None)
@@ -41,6 +41,27 @@ def test_paper_scale_matches_the_paper():
     assert (c.width, c.depth, c.batch, c.lr) == (512, 4, 2048, 6e-4)
     assert c.steps >= 9000
     assert scales.get("paper").intervention_steps == (4500, 5080)
+
+
+def test_unstable_scale_is_the_search_setting_that_qualified():
+    """The ``unstable`` scale's config is the unstable search's base config of the first qualifying row of the
+    committed table (its single-run seed aside), and it trains rates over 8 seeds."""
+    import pathlib
+
+    from mx_proxy.experiments import unstable_search as us
+
+    table = us.read_table(pathlib.Path(__file__).resolve().parents[2] / "results" / "unstable_search.csv")
+    row = table[table["verdict"] == "qualifies"].iloc[0]
+    s = scales.get("unstable")
+    assert (s.config.width, s.config.depth, s.config.lr) == (row.width, row.depth, row.lr)
+    assert s.config.replace(seed=0, data_seed=0) == us.base_config(int(row.width), int(row.depth), float(row.lr))
+    assert s.rate_members == us.MEMBERS == 8 and s.campaign is None
+
+
+@pytest.mark.parametrize("bad", [-1, True, 2.0, "8"])
+def test_rate_members_must_be_a_count(bad):
+    with pytest.raises(ValueError, match=f"rate_members must be an integer >= 0, got {bad!r}"):
+        dataclasses.replace(scales.get("smoke"), rate_members=bad)
 
 
 def test_bad_intervention_steps_are_rejected():

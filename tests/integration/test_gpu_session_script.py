@@ -35,7 +35,8 @@ def test_gpu_session_gives_the_fig7_replica_its_options_and_the_others_none(tmp_
     options = "--arms rceil --group-size 4"
     assert jobs(FIG7_OPTIONS=options)[0] == f"gpu_fig7.sh /tmp/proxy-fig7 {options}"
     assert jobs(FIG7_OPTIONS="")[0] == "gpu_fig7.sh /tmp/proxy-fig7 "
-    assert jobs(SEARCH_OPTIONS="--settings w256-d4-lr0.002")[2] == "gpu_search.sh /tmp/proxy-search --settings w256-d4-lr0.002"
+    settings = "--settings w256-d4-lr0.002"
+    assert jobs(SEARCH_OPTIONS=settings)[2] == f"gpu_search.sh /tmp/proxy-search {settings}"
     assert jobs(GPU_JOBS="search fig7") == ["gpu_search.sh /tmp/proxy-search ",
                                            "gpu_fig7.sh /tmp/proxy-fig7 --arms adam_eps=1e-15 train_ln_bias"]
     assert jobs(GPU_JOBS="") == []

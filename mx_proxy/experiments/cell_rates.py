@@ -1,0 +1,109 @@
+"""Ablations as rates: every cell of an ablation (an activation, a normalization, any Config change) trained as
+a seed ensemble of each recipe, and its blow-ups counted with intervals.
+
+One run per (cell, recipe) says whether that one trajectory blew up; at a setting where blow-ups are
+stochastic (the ``unstable`` scale: ``mxfp8_e4m3`` blew up in 4 of 8 seeds, FP32 in none) that is a coin
+toss. Here each cell is a ``seed`` ensemble (:func:`mx_proxy.experiments.ensemble_train.ensemble`): the
+recipes are its arms, member i at seed = data seed = ``first_seed`` + i in every arm, so the arms are paired
+and each cell's table gives P(blow-up) per recipe with a Clopper–Pearson 95 % interval and McNemar's exact
+test against the first recipe. Notebooks 03 and 04 use it where the scale sets ``rate_members``.
+
+Usage::
+
+    from mx_proxy.experiments import cell_rates, scales
+    s = scales.get("unstable")
+    cells = cell_rates.train(s.config, ["fp32", "mxfp8_e4m3"], s.rate_members,
+                             cells=[{"act": "gelu"}, {"act": "relu", "norm": "rmsnorm"}], out="~/ablation-rates")
+    cells.rates()      # one row per (cell, recipe)
+    cells.runs         # every member's Run, for analysis.summary and the plots
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from mx_proxy.experiments.ensemble_result import EnsembleResult
+from mx_proxy.experiments.ensemble_train import ensemble
+from mx_proxy.training.config import Config
+from mx_proxy.training.result import Run
+
+__all__ = ["CellRates", "train", "cell_name"]
+
+
+def cell_name(changes: Mapping[str, Any]) -> str:
+    """A folder-safe label of one cell's Config changes, e.g. ``act=relu,norm=rmsnorm`` (``base``: none)."""
+    if not changes:
+        return "base"
+    return ",".join(f"{k}={re.sub(r'[^A-Za-z0-9._+-]', '_', str(v))}" for k, v in sorted(changes.items()))
+
+
+@dataclasses.dataclass(frozen=True)
+class CellRates:
+    """The seed ensembles of an ablation: ``cells[i]`` (its Config changes) trained as ``ensembles[i]``."""
+
+    cells: tuple[Mapping[str, Any], ...]
+    ensembles: tuple[EnsembleResult, ...]
+
+    @property
+    def runs(self) -> list[Run]:
+        """Every member of every cell and recipe (recipe by recipe, member by member, cell after cell)."""
+        return [r for e in self.ensembles for arm in e.spec.arms for r in e.runs.get(arm, []) if r is not None]
+
+    def rates(self) -> pd.DataFrame:
+        """One row per (cell, recipe): the cell's changed fields as columns, then ``arm`` (the recipe),
+        ``members``, ``blowups``, ``p`` with its 95 % interval ``low``/``high`` (Clopper–Pearson), and
+        ``mcnemar_p``: McNemar's exact test against the cell's first recipe on the same seeds (``NaN`` for
+        the first recipe itself)."""
+        keys = sorted({k for c in self.cells for k in c})
+        frames = []
+        for changes, e in zip(self.cells, self.ensembles):
+            r = e.rates()[["arm", "members", "blowups", "p", "low", "high"]]
+            t = e.paired_tests()
+            mc = dict(zip(t["arm"], t["mcnemar_p"])) if len(t) else {}
+            r = r.assign(mcnemar_p=[mc.get(a, float("nan")) for a in r["arm"]])
+            for k in reversed(keys):
+                r.insert(0, k, changes.get(k, getattr(e.spec.base, k)))
+            frames.append(r)
+        return pd.concat(frames, ignore_index=True)
+
+
+def train(config: Config, recipes: Sequence[str], members: int, *, cells: Sequence[Mapping[str, Any]] = ({},),
+          out, first_seed: int = 1, progress: bool = False) -> CellRates:
+    """Train each cell of an ablation as a seed ensemble of ``recipes``.
+
+    Args:
+      config: the base config (its ``recipe`` and seeds are the ensembles' to set).
+      recipes: the arms; the first is the control of the paired tests (e.g. ``fp32``).
+      members: seeds per recipe and cell (≥ 1): seed = data seed = ``first_seed`` … ``first_seed`` + members − 1.
+      cells: Config changes, one mapping per cell (e.g. ``{"act": "relu", "norm": "rmsnorm"}``).
+      out: folder of the cells' ensembles, one subfolder per cell (:func:`cell_name`); rerunning with the
+        same folder loads what is there and trains only what is missing.
+      progress: progress bars (``False``: silent, so a notebook's output is the same when a rerun loads).
+
+    Raises:
+      ValueError: no recipe, ``members`` < 1, or a cell whose changes make an invalid Config (naming it),
+        before anything trains.
+    """
+    recipes = [recipes] if isinstance(recipes, str) else list(recipes)
+    if not recipes:
+        raise ValueError("cell_rates.train needs at least one recipe")
+    if isinstance(members, bool) or not isinstance(members, int) or members < 1:
+        raise ValueError(f"members must be an integer >= 1, got {members!r}")
+    cells = tuple(dict(c) for c in cells)
+    bases = []
+    for c in cells:
+        try:
+            bases.append(config.replace(**c))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"ablation cell {c}: {e}") from None
+    out = Path(out).expanduser()
+    results = tuple(ensemble(base, kind="seed", arms=recipes, members=members, horizon=base.steps,
+                             first_seed=first_seed, name=cell_name(c), out=out / cell_name(c), progress=progress)
+                    for c, base in zip(cells, bases))
+    return CellRates(cells, results)
