@@ -84,3 +84,24 @@ def test_bad_input_is_refused_before_anything_trains(tmp_path, args, match):
     with pytest.raises(ValueError, match=match.replace("{", r"\{").replace("}", r"\}")):
         cell_rates.train(scales.get("smoke").config, out=tmp_path / "x", **args)
     assert not (tmp_path / "x").exists()
+
+
+def test_the_figure_draws_each_rate_with_its_interval(trained):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from mx_proxy.viz import plots
+
+    rates = trained[2].rates()
+    fig = plots.cell_rates(rates)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["gelu, layernorm", "relu2, rmsnorm"]
+    drawn = []  # (p, low, high) of each error bar, from the drawn artists
+    for bars in ax.containers:
+        (seg,) = bars.lines[2][0].get_segments()  # the horizontal interval bar
+        drawn.append((bars.lines[0].get_xdata()[0], seg[0][0], seg[1][0]))
+    assert drawn == [pytest.approx((r.p, r.low, r.high)) for r in rates.itertuples()]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == RECIPES
+    plots.plt.close(fig)
+    with pytest.raises(ValueError, match="no rates"):
+        plots.cell_rates(rates.iloc[:0])

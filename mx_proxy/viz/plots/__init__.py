@@ -14,7 +14,7 @@ command, the tests) select Agg themselves.
 
 import matplotlib.pyplot as plt
 
-from mx_proxy.viz.plots.ensemble import blowup_rates, signals_before, survival, trajectories
+from mx_proxy.viz.plots.ensemble import blowup_rates, cell_rates, signals_before, survival, trajectories
 from mx_proxy.viz.plots.formats import ln_collapse, sawtooth
 from mx_proxy.viz.plots.gradients import (
     gradient_bias,
@@ -41,4 +41,4 @@ from mx_proxy.viz.plots.training import (
 __all__ = ["plt", "color", "norm_label", "sawtooth", "ln_collapse", "loss_grid", "lr_sweep", "lr_summary", "ablations",
            "gradient_bias", "paper_metric", "ln_clamping", "ln_gains", "mitigations", "interventions",
            "spikes_vs_shape", "sgd_momentum", "init_ablation", "systems", "reference_name", "survival", "blowup_rates",
-           "trajectories", "signals_before", "quant_stats"]
+           "cell_rates", "trajectories", "signals_before", "quant_stats"]

@@ -9,7 +9,7 @@ import pandas as pd
 
 from mx_proxy.experiments import signals as sig
 
-__all__ = ["survival", "blowup_rates", "trajectories", "signals_before", "arm_style"]
+__all__ = ["survival", "blowup_rates", "cell_rates", "trajectories", "signals_before", "arm_style"]
 
 # distinct colour-blind-safe colours (Okabe & Ito) by arm position; the FP32 twin is black and dashed
 _ARM_COLOURS = ("#0072B2", "#D55E00", "#009E73", "#E69F00", "#CC79A7", "#56B4E9", "#999999", "#882255", "#117733")
@@ -128,6 +128,38 @@ def blowup_rates(result, ax=None):
     ax.set_xlabel(f"P(blow-up within {result.spec.horizon} steps), 95 % Clopper–Pearson interval")
     ax.set_title(_title(result), fontsize=9)
     ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
+def cell_rates(rates: pd.DataFrame, title: str | None = None, ax=None):
+    """An ablation's rates (:meth:`mx_proxy.experiments.cell_rates.CellRates.rates`): one row per cell (its
+    changed fields), P(blow-up) of each recipe with its Clopper–Pearson 95 % interval, the recipes side by side
+    in their colours, k/n beside each."""
+    from mx_proxy.viz.plots.style import color
+
+    stat = ["arm", "members", "blowups", "p", "low", "high", "mcnemar_p"]
+    keys = [c for c in rates.columns if c not in stat]
+    if not len(rates):
+        raise ValueError("no rates to draw (an empty table)")
+    cells = list(dict.fromkeys(map(tuple, rates[keys].astype(str).to_numpy()))) if keys else [()]
+    arms = list(dict.fromkeys(rates["arm"]))
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(
+        figsize=(7.5, 0.32 * len(cells) * len(arms) + 0.25 * len(cells) + 1.5), layout="constrained")
+    offsets = np.linspace(-0.3, 0.3, len(arms)) if len(arms) > 1 else np.zeros(1)
+    for r in rates.itertuples(index=False):
+        cell = tuple(str(getattr(r, k)) for k in keys)
+        y = cells.index(cell) + offsets[arms.index(r.arm)]
+        ax.errorbar(r.p, y, xerr=[[r.p - r.low], [r.high - r.p]], fmt="o", color=color(r.arm), capsize=3, lw=1.4,
+                    label=r.arm if cells.index(cell) == 0 else None)
+        ax.annotate(f"{r.blowups}/{r.members}", (r.high, y), xytext=(5, 0), textcoords="offset points",
+                    va="center", fontsize=7)
+    ax.set_yticks(range(len(cells)), [", ".join(c) for c in cells])
+    ax.invert_yaxis()
+    ax.set_xlim(-0.02, 1.12)
+    ax.set_xlabel("P(blow-up), 95 % Clopper–Pearson interval")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(title or f"Blow-up rates per cell ({int(rates['members'].max())} seeds per recipe)", fontsize=9)
     return fig
 
 
