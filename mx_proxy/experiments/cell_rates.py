@@ -16,10 +16,16 @@ Usage::
                              cells=[{"act": "gelu"}, {"act": "relu", "norm": "rmsnorm"}], out="~/ablation-rates")
     cells.rates()      # one row per (cell, recipe)
     cells.runs         # every member's Run, for analysis.summary and the plots
+
+From a shell (resumable: each cell's ensemble resumes in its folder; the table is rewritten after each cell)::
+
+    python -m mx_proxy.experiments.cell_rates --scale unstable --out ~/ablation-rates \
+        --cells act=gelu,norm=layernorm act=gelu,norm=rmsnorm --table results/ablation_rates_unstable.csv
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import re
 from collections.abc import Mapping, Sequence
@@ -33,14 +39,39 @@ from mx_proxy.experiments.ensemble_train import ensemble
 from mx_proxy.training.config import Config
 from mx_proxy.training.result import Run
 
-__all__ = ["CellRates", "train", "cell_name"]
+__all__ = ["CellRates", "train", "cell_name", "parse_cell"]
+
+
+def parse_cell(text: str) -> dict[str, Any]:
+    """One cell's Config changes from ``FIELD=VALUE[,FIELD=VALUE…]`` (e.g. ``act=relu,norm=rmsnorm``); each
+    VALUE read as an int, else a float, else ``true``/``false``, else text.
+
+    Raises:
+      ValueError: a part without ``=`` or a field Config does not have (naming it and the valid fields)."""
+    changes = {}
+    for part in text.split(","):
+        field, eq, value = part.partition("=")
+        if not eq or not field:
+            raise ValueError(f"cell {text!r}: {part!r} is not FIELD=VALUE (e.g. act=relu,norm=rmsnorm)")
+        if field not in Config.field_names():
+            raise ValueError(f"cell {text!r}: unknown field {field!r}; valid: {', '.join(Config.field_names())}")
+        for parse in (int, float, {"true": True, "false": False}.__getitem__):
+            try:
+                changes[field] = parse(value)
+                break
+            except (KeyError, ValueError):
+                continue
+        else:
+            changes[field] = value
+    return changes
 
 
 def cell_name(changes: Mapping[str, Any]) -> str:
-    """A folder-safe label of one cell's Config changes, e.g. ``act=relu,norm=rmsnorm`` (``base``: none)."""
+    """A folder name of one cell's Config changes in letters, digits, ``.``, ``_`` and ``-`` alone, e.g.
+    ``act-relu__norm-rmsnorm`` (``base``: none)."""
     if not changes:
         return "base"
-    return ",".join(f"{k}={re.sub(r'[^A-Za-z0-9._+-]', '_', str(v))}" for k, v in sorted(changes.items()))
+    return "__".join(f"{k}-{re.sub(r'[^A-Za-z0-9._-]', '-', str(v))}" for k, v in sorted(changes.items()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,3 +138,54 @@ def train(config: Config, recipes: Sequence[str], members: int, *, cells: Sequen
                              first_seed=first_seed, name=cell_name(c), out=out / cell_name(c), progress=progress)
                     for c, base in zip(cells, bases))
     return CellRates(cells, results)
+
+
+def main(argv=None) -> int:
+    from mx_proxy.experiments import scales
+    from mx_proxy.store import durable
+
+    p = argparse.ArgumentParser(prog="python -m mx_proxy.experiments.cell_rates", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scale", default="unstable", help=f"base config; valid: {', '.join(scales.names())}")
+    p.add_argument("--out", required=True, help="folder of the cells' ensembles (resumable)")
+    p.add_argument("--recipes", nargs="+", default=["fp32", "mxfp8_e4m3"], help="the arms; the first is the control")
+    p.add_argument("--cells", nargs="+", metavar="FIELD=VALUE[,...]",
+                   help="the cells (default: the scale's ablation_cells, act=…,norm=…)")
+    p.add_argument("--members", type=int, help="seeds per cell and recipe (default: the scale's rate_members)")
+    p.add_argument("--steps", type=int, help="fewer steps per member (a test)")
+    p.add_argument("--table", help="CSV of the rates, rewritten (atomically) after each cell")
+    args = p.parse_args(argv)
+    try:
+        scale = scales.get(args.scale)
+        cells = ([parse_cell(c) for c in args.cells] if args.cells
+                 else [{"act": a, "norm": n} for a, n in scale.ablation_cells])
+        members = scale.rate_members if args.members is None else args.members
+        if members < 1:
+            raise ValueError(f"--members must be >= 1, got {members}" if args.members is not None
+                             else f"scale {scale.name!r} has no rate_members; give --members N (N >= 1)")
+        if args.steps is not None and args.steps < 1:
+            raise ValueError(f"--steps must be >= 1, got {args.steps}")
+        config = scale.config.replace(**({"steps": args.steps} if args.steps else {}))
+        for c in cells:  # every cell checked before any trains
+            try:
+                config.replace(**c)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"ablation cell {c}: {e}") from None
+        for r in args.recipes:
+            config.replace(recipe=r)
+    except ValueError as e:
+        p.error(str(e))
+    done = CellRates((), ())
+    for c in cells:
+        one = train(config, args.recipes, members, cells=[c], out=args.out, progress=True)
+        done = CellRates(done.cells + one.cells, done.ensembles + one.ensembles)
+        rates = done.rates()
+        if args.table:
+            durable.atomic_write(Path(args.table), lambda path, rates=rates: rates.to_csv(path, index=False))
+    with pd.option_context("display.width", 200, "display.max_columns", None):
+        print(rates.to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

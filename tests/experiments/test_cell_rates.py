@@ -69,8 +69,8 @@ def test_a_rerun_loads_the_same_members(trained):
 
 def test_cell_names_are_folder_safe():
     assert cell_rates.cell_name({}) == "base"
-    assert cell_rates.cell_name({"norm": "rmsnorm", "act": "relu"}) == "act=relu,norm=rmsnorm"
-    assert "/" not in cell_rates.cell_name({"act": "a/b"})
+    assert cell_rates.cell_name({"norm": "layernorm_noaffine", "act": "relu"}) == "act-relu__norm-layernorm_noaffine"
+    assert cell_rates.cell_name({"act": "a/b c", "lr": 0.001}) == "act-a-b-c__lr-0.001"
 
 
 @pytest.mark.parametrize("args, match", [
@@ -105,3 +105,46 @@ def test_the_figure_draws_each_rate_with_its_interval(trained):
     plots.plt.close(fig)
     with pytest.raises(ValueError, match="no rates"):
         plots.cell_rates(rates.iloc[:0])
+
+
+def test_parse_cell_reads_each_value_as_its_type():
+    assert cell_rates.parse_cell("act=relu,norm=rmsnorm") == {"act": "relu", "norm": "rmsnorm"}
+    assert cell_rates.parse_cell("lr=1e-3,depth=3,paired_run=true") == {"lr": 1e-3, "depth": 3, "paired_run": True}
+    with pytest.raises(ValueError, match="'act' is not FIELD=VALUE"):
+        cell_rates.parse_cell("act")
+    with pytest.raises(ValueError, match="unknown field 'widht'; valid: .*width"):
+        cell_rates.parse_cell("widht=3")
+
+
+def test_the_command_writes_the_table_after_each_cell_and_resumes(tmp_path, capsys):
+    import pandas as pd
+
+    argv = ["--scale", "smoke", "--steps", "30", "--members", "2", "--out", str(tmp_path / "ens"),
+            "--cells", "act=gelu,norm=layernorm", "act=relu2", "--table", str(tmp_path / "rates.csv")]
+    assert cell_rates.main(argv) == 0
+    table = pd.read_csv(tmp_path / "rates.csv")
+    again = cell_rates.train(scales.get("smoke").config.replace(steps=30), RECIPES, 2,
+                             cells=[{"act": "gelu", "norm": "layernorm"}, {"act": "relu2"}], out=tmp_path / "ens")
+    expected = again.rates()  # loaded, not trained again: the same members
+    assert list(table.columns) == list(expected.columns)
+    assert table[["act", "norm", "arm", "members", "blowups"]].values.tolist() == \
+        expected[["act", "norm", "arm", "members", "blowups"]].values.tolist()
+    assert table["norm"].tolist() == ["layernorm"] * 4  # the second cell keeps the base config's norm
+    assert "relu2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--cells", "widht=3"], "unknown field 'widht'"),
+    (["--cells", "act=nope"], "ablation cell {'act': 'nope'}"),
+    (["--members", "0"], "--members must be >= 1, got 0"),
+    (["--scale", "quick"], "scale 'quick' has no rate_members; give --members N"),
+    (["--recipes", "fp32", "mxfp9"], "mxfp9"),
+    (["--scale", "huge"], "huge"),
+    (["--steps", "0"], "--steps must be >= 1, got 0"),
+])
+def test_the_command_refuses_bad_input_with_status_2_before_training(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as e:
+        cell_rates.main(["--scale", "smoke", "--out", str(tmp_path / "ens"), *args])
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "ens").exists()
