@@ -8,7 +8,9 @@
 # mxfp8_e4m3 (8 seeds each, the scale's rate_members): `python -m mx_proxy.experiments.cell_rates --out WORK
 # --table WORK/$NAME.csv --cells $ABLATION_CELLS [OPTIONS...]` for at most SECONDS (default 480) into WORK
 # (default /tmp/proxy-ablations). $ABLATION_CELLS defaults to the normalization cells first (GELU with
-# LayerNorm, LayerNorm without affine parameters, RMSNorm, none), then the activations with LayerNorm;
+# LayerNorm without affine parameters, RMSNorm, none, then LayerNorm: the search's own setting, whose rates
+# are known), then the other activations with LayerNorm (each (cell, recipe) compiles its own program, ~40 s
+# on an H100 beside ~40 s of training for 8 seeds);
 # empty: the scale's own list; OPTIONS (e.g. --scale, --members, --cells) come last and win. Each cell's
 # ensemble resumes in WORK/CELL; on a fresh machine the exports committed in $COMMITTED (default
 # results/$NAME, NAME default ablation_rates_unstable) are copied in first, so only what no machine finished
@@ -22,8 +24,8 @@ WORK="${2:-/tmp/proxy-ablations}"
 NAME="${NAME:-ablation_rates_unstable}"
 COMMITTED="${COMMITTED:-results/$NAME}"
 DEST="${OUT:-.}/results"
-CELLS="${ABLATION_CELLS-act=gelu,norm=layernorm act=gelu,norm=layernorm_noaffine act=gelu,norm=rmsnorm \
-act=gelu,norm=none act=relu,norm=layernorm act=swiglu,norm=layernorm act=relu2,norm=layernorm act=silu,norm=layernorm}"
+CELLS="${ABLATION_CELLS-act=gelu,norm=layernorm_noaffine act=gelu,norm=rmsnorm act=gelu,norm=none \
+act=gelu,norm=layernorm act=relu,norm=layernorm act=swiglu,norm=layernorm act=relu2,norm=layernorm act=silu,norm=layernorm}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 python -c 'import jax; print("jax", jax.__version__, "devices", jax.devices())'
 mkdir -p "$WORK"
