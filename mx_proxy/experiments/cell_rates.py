@@ -34,8 +34,10 @@ from typing import Any
 
 import pandas as pd
 
+from mx_proxy.experiments import scales
 from mx_proxy.experiments.ensemble_result import EnsembleResult
 from mx_proxy.experiments.ensemble_train import ensemble
+from mx_proxy.store import durable
 from mx_proxy.training.config import Config
 from mx_proxy.training.result import Run
 
@@ -141,9 +143,6 @@ def train(config: Config, recipes: Sequence[str], members: int, *, cells: Sequen
 
 
 def main(argv=None) -> int:
-    from mx_proxy.experiments import scales
-    from mx_proxy.store import durable
-
     p = argparse.ArgumentParser(prog="python -m mx_proxy.experiments.cell_rates", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scale", default="unstable", help=f"base config; valid: {', '.join(scales.names())}")

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from mx_proxy.experiments import signals as sig
+from mx_proxy.viz.plots.style import color
 
 __all__ = ["survival", "blowup_rates", "cell_rates", "trajectories", "signals_before", "arm_style"]
 
@@ -135,8 +136,6 @@ def cell_rates(rates: pd.DataFrame, title: str | None = None, ax=None):
     """An ablation's rates (:meth:`mx_proxy.experiments.cell_rates.CellRates.rates`): one row per cell (its
     changed fields), P(blow-up) of each recipe with its Clopper–Pearson 95 % interval, the recipes side by side
     in their colours, k/n beside each."""
-    from mx_proxy.viz.plots.style import color
-
     stat = ["arm", "members", "blowups", "p", "low", "high", "mcnemar_p"]
     keys = [c for c in rates.columns if c not in stat]
     if not len(rates):
