@@ -179,9 +179,9 @@ class EnsembleResult:
                          "survival": float(at_end["survival"]), "s_low": float(at_end["low"]),
                          "s_high": float(at_end["high"]),
                          "median_time": int(below["t"].iloc[0]) if len(below) else None})
-        df = pd.DataFrame(rows)
-        if len(df):
-            df["median_time"] = df["median_time"].astype("Int64")
+        df = pd.DataFrame(rows, columns=["arm", "members", "blowups", "p", "low", "high", "survival", "s_low",
+                                         "s_high", "median_time"])
+        df["median_time"] = df["median_time"].astype("Int64")
         return df
 
     def _pairs(self, other: str, table: pd.DataFrame | None = None):
@@ -215,9 +215,9 @@ class EnsembleResult:
                          "only_arm": mc.only_b, "both": mc.both, "neither": mc.neither, "mcnemar_p": mc.pvalue,
                          "logrank": lr.statistic, "logrank_p": lr.pvalue,
                          "pairs_needed": power.pairs_needed(p_c, p_a, POWER) if p_c != p_a else None})
-        df = pd.DataFrame(rows)
-        if len(df):
-            df["pairs_needed"] = df["pairs_needed"].astype("Int64")
+        df = pd.DataFrame(rows, columns=["arm", "control", "pairs", "only_control", "only_arm", "both", "neither",
+                                         "mcnemar_p", "logrank", "logrank_p", "pairs_needed"])
+        df["pairs_needed"] = df["pairs_needed"].astype("Int64")
         return df
 
     def detectable(self, control: str | None = None) -> tuple[int, float, float, float] | None:
@@ -366,7 +366,7 @@ class EnsembleResult:
             est = stats.bootstrap_mean(gaps, self.confidence, seed=seed)
             rows.append({"arm": arm, "reference": ref, "stable_pairs": est.n, "gap_pct": est.value,
                          "low": est.low, "high": est.high})
-        return pd.DataFrame(rows)
+        return pd.DataFrame(rows, columns=["arm", "reference", "stable_pairs", "gap_pct", "low", "high"])
 
 
 def load(folder, confidence: float = 0.95) -> EnsembleResult:

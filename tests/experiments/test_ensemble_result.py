@@ -350,3 +350,23 @@ def test_read_history_validates_the_branch_history_before_use(tmp_path):
     path.write_bytes(b"not parquet")
     with pytest.raises(ValueError, match="not a readable parquet file"):
         E.read_history(tmp_path)
+
+
+def test_tables_of_an_ensemble_whose_control_has_no_member_yet_keep_their_columns():
+    """Arms export one by one: while the control arm has no member, the paired tables are empty but keep their
+    columns, so that ``t[t["arm"] == a]`` works (notebook 07 reads every committed ensemble that way)."""
+    import pathlib
+
+    from mx_proxy.experiments import ensemble_result
+
+    full = ensemble_result.load(pathlib.Path(__file__).resolve().parents[2] / "results" / "unstable_search"
+                                / "w256-d4-lr0.002")
+    partial = ensemble_result.EnsembleResult(full.spec, {"mxfp8_e4m3": full.runs["mxfp8_e4m3"]})
+    assert partial.control == "fp32" and partial.rates()["arm"].tolist() == ["mxfp8_e4m3"]
+    for table in (partial.paired_tests(), partial.loss_gap(), partial.end_loss_tests()):
+        assert len(table) == 0 and "arm" in table.columns
+    assert list(partial.paired_tests().columns) == list(full.paired_tests().columns)
+    assert list(partial.loss_gap().columns) == list(full.loss_gap().columns)
+    nothing = ensemble_result.EnsembleResult(full.spec, {})
+    assert len(nothing.rates()) == 0 and list(nothing.rates().columns) == list(full.rates().columns)
+    assert full.paired_tests()["pairs_needed"].dtype == "Int64" == nothing.rates()["median_time"].dtype
