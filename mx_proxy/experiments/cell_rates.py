@@ -41,7 +41,7 @@ from mx_proxy.store import durable
 from mx_proxy.training.config import Config
 from mx_proxy.training.result import Run
 
-__all__ = ["CellRates", "train", "cell_name", "parse_cell"]
+__all__ = ["CellRates", "train", "cell_configs", "cell_name", "parse_cell"]
 
 
 def parse_cell(text: str) -> dict[str, Any]:
@@ -74,6 +74,20 @@ def cell_name(changes: Mapping[str, Any]) -> str:
     if not changes:
         return "base"
     return "__".join(f"{k}-{re.sub(r'[^A-Za-z0-9._-]', '-', str(v))}" for k, v in sorted(changes.items()))
+
+
+def cell_configs(config: Config, cells: Sequence[Mapping[str, Any]]) -> list[Config]:
+    """``config`` with each cell's changes applied.
+
+    Raises:
+      ValueError: a cell whose changes make an invalid Config, naming the cell."""
+    bases = []
+    for c in cells:
+        try:
+            bases.append(config.replace(**c))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"ablation cell {dict(c)}: {e}") from None
+    return bases
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,12 +143,7 @@ def train(config: Config, recipes: Sequence[str], members: int, *, cells: Sequen
     if isinstance(members, bool) or not isinstance(members, int) or members < 1:
         raise ValueError(f"members must be an integer >= 1, got {members!r}")
     cells = tuple(dict(c) for c in cells)
-    bases = []
-    for c in cells:
-        try:
-            bases.append(config.replace(**c))
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"ablation cell {c}: {e}") from None
+    bases = cell_configs(config, cells)
     out = Path(out).expanduser()
     results = tuple(ensemble(base, kind="seed", arms=recipes, members=members, horizon=base.steps,
                              first_seed=first_seed, name=cell_name(c), out=out / cell_name(c), progress=progress)
@@ -165,11 +174,7 @@ def main(argv=None) -> int:
         if args.steps is not None and args.steps < 1:
             raise ValueError(f"--steps must be >= 1, got {args.steps}")
         config = scale.config.replace(**({"steps": args.steps} if args.steps else {}))
-        for c in cells:  # every cell checked before any trains
-            try:
-                config.replace(**c)
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"ablation cell {c}: {e}") from None
+        cell_configs(config, cells)  # every cell checked before any trains
         for r in args.recipes:
             config.replace(recipe=r)
     except ValueError as e:

@@ -354,9 +354,10 @@ class EnsembleResult:
         horizon (no blow-up, not censored early): the mean of
         100·(tail loss / FP32 tail loss − 1) with a bootstrap interval
         (``seed`` fixes the resampling)."""
+        columns = ["arm", "reference", "stable_pairs", "gap_pct", "low", "high"]
         ref = self.reference_arm()
         if ref is None:
-            return pd.DataFrame(columns=["arm", "reference", "stable_pairs", "gap_pct", "low", "high"])
+            return pd.DataFrame(columns=columns)
         rows = []
         for arm, f, a, both in self._pairs(ref):
             end = self.spec.end - 1
@@ -366,7 +367,7 @@ class EnsembleResult:
             est = stats.bootstrap_mean(gaps, self.confidence, seed=seed)
             rows.append({"arm": arm, "reference": ref, "stable_pairs": est.n, "gap_pct": est.value,
                          "low": est.low, "high": est.high})
-        return pd.DataFrame(rows, columns=["arm", "reference", "stable_pairs", "gap_pct", "low", "high"])
+        return pd.DataFrame(rows, columns=columns)
 
 
 def load(folder, confidence: float = 0.95) -> EnsembleResult:
