@@ -33,10 +33,15 @@ _HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def _q(x, spec: MXSpec | None, axis: int, vector: str, key=None, rounding: str = "even"):
-    """A GEMM operand: MX-quantized along ``axis``, or in vector precision."""
+    """A GEMM operand: MX-quantized along ``axis``, or in vector precision.
+    A bf16-rounded operand enters the quantizer as bfloat16 (exact), which
+    rounds it on 16-bit words (:func:`~mx_proxy.numerics.quantize.quantize`)."""
+    x = vround(x, vector, rounding)
     if spec is None:
-        return vround(x, vector, rounding)
-    return quantize(vround(x, vector, rounding), spec, axis=axis, key=key if spec.rounding == "stochastic" else None)
+        return x
+    if vector == "bf16":
+        x = x.astype(jnp.bfloat16)
+    return quantize(x, spec, axis=axis, key=key if spec.rounding == "stochastic" else None)
 
 
 def operand_key(key, recipe: Recipe, operand: str):

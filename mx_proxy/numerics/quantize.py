@@ -136,16 +136,26 @@ class QuantStats(NamedTuple):
 # the path, one way for every spec: layout view -> block scale -> element rounding -> back
 
 
-def _e8m0_block(xp, a, spec: MXSpec, lay: Layout) -> Block:
-    """E8M0 block quantities of the padded array ``xp`` (float32; ``a``: its
-    magnitude bits on the view of ``lay``): from the block amax, through
+def _word(x, spec: MXSpec) -> B.Word:
+    """The words the element stage works on: bfloat16 for a bfloat16 ``x``
+    under a spec that can round it there (E8M0 scales, one exponent per
+    block, deterministic rounding, an element grid coarser than bf16's: the
+    same values, half the bytes and twice the SIMD lanes), float32 otherwise."""
+    bf16 = (x.dtype == jnp.bfloat16 and spec.scale_format == "e8m0" and not spec.rule.per_element
+            and spec.rounding != "stochastic" and spec.element.mantissa_bits <= B.BF16.fraction)
+    return B.BF16 if bf16 else B.F32
+
+
+def _e8m0_block(xp, a, spec: MXSpec, lay: Layout, word: B.Word) -> Block:
+    """E8M0 block quantities of the padded array ``xp`` (``a``: its magnitude
+    bits on the view of ``lay``, in ``word``): from the block amax, through
     :func:`lookup_block_quantities`.
 
     A per-element rule (``"paper_bump"``) gives each element its own
     exponent, the block's floor exponent plus :func:`element_bump` (0 or 1),
-    so its Block is per element.
+    so its Block is per element (float32 words only).
     """
-    blk = lookup_block_quantities(lay.block_max(B.b32(xp) & B.ABS), spec.element, spec.scale_rule)
+    blk = lookup_block_quantities(lay.block_max(word.view(xp) & word.abs_mask), spec.element, spec.scale_rule, word)
     bump = element_bump(a, lay.axis, spec.scale_rule)
     if bump is None:
         return blk
@@ -154,22 +164,25 @@ def _e8m0_block(xp, a, spec: MXSpec, lay: Layout) -> Block:
 
 
 def _scale_and_round(xp, spec: MXSpec, lay: Layout, rbv):
-    """Block scales and element rounding of a padded array ``xp`` (float32, as
-    ``lay.pad`` gives; ``rbv`` the random bits on the view, or None): (q bits
-    on the view, details), the details being the :class:`NV` record for E4M3
-    scales and (|x| bits, :class:`Block`) for E8M0 ones."""
+    """Block scales and element rounding of a padded array ``xp`` (float32 or
+    bfloat16 as :func:`_word` takes it, as ``lay.pad`` gives; ``rbv`` the
+    random bits on the view, or None): (q bits on the view, details), the
+    details being the :class:`NV` record for E4M3 scales and (|x| bits,
+    :class:`Block`) for E8M0 ones; the bits are ``xp``'s width."""
     if spec.scale_format == "e4m3":
         nv = _nv.quantize_view(lay.split(xp), lay.red, spec.rounding, rbv)
         return nv.q, nv
-    bits = B.b32(lay.split(xp))
-    a = bits & B.ABS
-    blk = _e8m0_block(xp, a, spec, lay)
-    return quantize_magnitudes(bits, a, blk, spec.element, spec.rounding, rbv), (a, blk)
+    word = _word(xp, spec)
+    bits = word.view(lay.split(xp))
+    a = bits & word.abs_mask
+    blk = _e8m0_block(xp, a, spec, lay, word)
+    return quantize_magnitudes(bits, a, blk, spec.element, spec.rounding, rbv, word), (a, blk)
 
 
 def _quantize_on_view(x, spec: MXSpec, axis: int, rbits):
-    """(layout, q bits on its view, details) of ``x`` (float32, ``axis``
-    normalized): every stage entered once, for every spec.
+    """(layout, q bits on its view, details) of ``x`` (float32, or bfloat16
+    where :func:`_word` allows; ``axis`` normalized): every stage entered
+    once, for every spec.
 
     Performance (XLA:CPU), 1-D E8M0 blocks: three kinds of loops, the amax
     reduction, one small gather per block quantity, and the element loop.
@@ -180,13 +193,17 @@ def _quantize_on_view(x, spec: MXSpec, axis: int, rbits):
     return lay, q, details
 
 
-def _prepare(x, spec: MXSpec, axis, key):
+def _prepare(x, spec: MXSpec, axis, key, keep_bf16: bool = False):
+    """``x`` as the quantizer takes it (float32; bfloat16 kept where
+    ``keep_bf16`` and :func:`_word` allows) and its normalized axis, after
+    the checks."""
     if not isinstance(spec, MXSpec):
         raise ValueError(f"spec must be an MXSpec, got {type(spec).__name__}")
     x = jnp.asarray(x)
     if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)):
         raise ValueError(f"quantize needs a real array, got dtype {x.dtype}")
-    x = x.astype(jnp.float32)
+    if not (keep_bf16 and _word(x, spec) == B.BF16):
+        x = x.astype(jnp.float32)
     if x.ndim == 0:
         raise ValueError("quantize needs an array of rank >= 1, got a scalar")
     if spec.block_dims == 2 and x.ndim < 2:
@@ -210,14 +227,15 @@ def _random_bits(key, shape):
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2))
 def _quantize_ste(x, spec, axis, rbits):
     lay, q, _ = _quantize_on_view(x, spec, axis, rbits)
-    return lay.unview(B.f32(q), x.shape)
+    word = B.BF16 if x.dtype == jnp.bfloat16 else B.F32
+    return lay.unview(word.float(q), x.shape).astype(jnp.float32)
 
 
 @_quantize_ste.defjvp
 def _quantize_ste_jvp(spec, axis, primals, tangents):
     x, rbits = primals
     tx, _ = tangents
-    return _quantize_ste(x, spec, axis, rbits), tx  # straight-through estimator
+    return _quantize_ste(x, spec, axis, rbits), tx.astype(jnp.float32)  # straight-through estimator
 
 
 _EXACT_INT = 2 ** 24  # every integer of at most this magnitude is a float32
@@ -270,14 +288,19 @@ def quantize(x, spec: MXSpec, axis: int = -1, key=None) -> jax.Array:
     float32 first (to nearest even); bool and integer arrays convert exactly,
     and an integer beyond 2**24 in magnitude (not a float32) is a ValueError,
     as is a traced integer array wider than 16 bits (its values cannot be
-    checked).
+    checked). A bfloat16 ``x`` under a spec with E8M0 scales, one exponent
+    per block and deterministic rounding is rounded on its 16-bit patterns:
+    the same values as from ``x.astype(float32)``; where the float32 result
+    is cast back to bf16 inside one ``jit`` (a bf16 GEMM operand) the casts
+    fold away and the whole quantization takes ~0.65x the time of the
+    float32 path on a CPU.
     """
     return _quantize_jit(_exact_input(x), spec, axis, key)
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "axis"))
 def _quantize_jit(x, spec: MXSpec, axis: int = -1, key=None) -> jax.Array:
-    x, ax = _prepare(x, spec, axis, key)
+    x, ax = _prepare(x, spec, axis, key, keep_bf16=True)
     rbits = _random_bits(key, x.shape) if spec.rounding == "stochastic" else None
     return _quantize_ste(x, spec, ax, rbits)
 

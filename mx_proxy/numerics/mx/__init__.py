@@ -2,7 +2,8 @@
 arrays or kernel tiles, shared by the XLA path of :mod:`mx_proxy.numerics.quantize` and
 the Pallas kernel bodies in ``mx_proxy/pallas/``.
 
-Everything works on the IEEE-754 bit patterns of float32 (as uint32) with
+Everything works on the IEEE-754 bit patterns of float32 (as uint32; the
+element stage also on bfloat16 as uint16, :class:`~mx_proxy.numerics.mx.bits.Word`) with
 integer operations, so it is exact where float arithmetic is not (XLA on CPU
 flushes float32 subnormals and cannot compile FP6 casts), and every function
 lowers to Pallas Triton as well as to XLA: shift amounts are kept in [0, 31]

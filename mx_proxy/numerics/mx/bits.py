@@ -18,6 +18,8 @@ constants built at trace time.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,7 +30,7 @@ __all__ = [
     "ABS", "SIGN", "INF", "QNAN", "MANT", "HIDDEN", "ONE", "u32", "f32", "b32", "clz", "shl", "shr",
     "shl_mod32", "shr_mod32", "pow2_bits_int", "max_normal_bits_int", "pow2_bits", "max_normal_bits",
     "floor_log2", "exponent_fraction", "significand", "scale_pow2", "compose_bits", "round_to_f32",
-    "pow2_f32",
+    "pow2_f32", "Word", "F32", "BF16",
 ]
 
 ABS = np.uint32(0x7FFFFFFF)  # magnitude bits
@@ -38,6 +40,59 @@ QNAN = np.uint32(0x7FC00000)  # the one NaN every quantizer here writes
 MANT = np.uint32(0x007FFFFF)
 HIDDEN = np.uint32(0x00800000)
 ONE = np.uint32(0x3F800000)
+
+
+class Word(NamedTuple):
+    """The bit layout of a float container whose patterns the element
+    rounding works on: float32 (the general path) or bfloat16 (16-bit words,
+    twice the SIMD lanes, no conversions, for operands that hold bf16 values).
+
+    bits: word width; fraction: stored fraction bits (23, 7); float_dtype,
+    uint, sint: the float, unsigned and signed dtypes of that width.
+    """
+
+    bits: int
+    fraction: int
+    float_dtype: type
+    uint: type
+    sint: type
+
+    @property
+    def abs_mask(self):
+        return self.uint((1 << (self.bits - 1)) - 1)
+
+    @property
+    def sign(self):
+        return self.uint(1 << (self.bits - 1))
+
+    @property
+    def qnan(self):
+        """The canonical quiet NaN (float32 ``QNAN`` cut to the width)."""
+        return self.uint(int(QNAN) >> (32 - self.bits))
+
+    def view(self, x):
+        """Bit patterns of float values of this width."""
+        return jax.lax.bitcast_convert_type(x, self.uint)
+
+    def float(self, bits):
+        """Float values of bit patterns of this width."""
+        return jax.lax.bitcast_convert_type(bits, self.float_dtype)
+
+    def clz(self, a):
+        """Leading zeros (signed, 0..bits) of unsigned ``a``, counted on its signed view."""
+        return jax.lax.clz(jax.lax.bitcast_convert_type(a, self.sint))
+
+    def shl_mod(self, x, n):
+        """``x << (n mod bits)``: for amounts in [0, bits) wherever the result is used."""
+        return jax.lax.shift_left(x, jnp.asarray(n).astype(self.uint) & self.uint(self.bits - 1))
+
+    def shr_mod(self, x, n):
+        """Logical ``x >> (n mod bits)``: for amounts in [0, bits) wherever the result is used."""
+        return jax.lax.shift_right_logical(x, jnp.asarray(n).astype(self.uint) & self.uint(self.bits - 1))
+
+
+F32 = Word(32, 23, jnp.float32, np.uint32, np.int32)
+BF16 = Word(16, 7, jnp.bfloat16, np.uint16, np.int16)
 
 
 def u32(v):

@@ -35,7 +35,7 @@ from mx_proxy.numerics.mx import bits as B
 __all__ = [
     "SCALE_RULES", "SCALE_EXP_MIN", "SCALE_EXP_MAX", "NAN_SCALE_EXP", "E8M0_BIAS", "E8M0_NAN", "Block",
     "floor_exponent", "block_exponent", "block_quantities", "block_table",
-    "lookup_block_quantities", "e8m0_bytes", "e8m0_pow2", "element_bump",
+    "word_table", "lookup_block_quantities", "e8m0_bytes", "e8m0_pow2", "element_bump",
 ]
 
 SCALE_RULES = scale_rules.names()  # the E8M0 (power-of-two) scale rules at import (the registry is the live list)
@@ -43,7 +43,8 @@ SCALE_EXP_MIN, SCALE_EXP_MAX = -127, 127  # E8M0 range
 NAN_SCALE_EXP = 128  # marks a NaN scale in exponent arrays
 E8M0_BIAS = 127  # E8M0 byte = e + 127
 E8M0_NAN = 0xFF
-_NAN_V = -(1 << 20)  # Block.v of a NaN block (negative: the NaN flag)
+_NAN_V = -(1 << 14)  # Block.v of a NaN block (far below any real v in either word: the NaN flag)
+_NAN_BELOW = -(1 << 13)  # v below this: a NaN block
 
 
 class Block(NamedTuple):
@@ -54,8 +55,13 @@ class Block(NamedTuple):
       exceeds float32 (nothing saturates; a value rounding to 2**128 is Inf).
     v: ``s0 + 150`` with ``s0 = emin + e - m`` the exponent of the smallest grid
       step: an element with exponent field f >= 1 has ``max(23 - m, v - f)``
-      bits below its grid step. Negative in NaN blocks.
+      bits below its grid step. ``_NAN_V`` in NaN blocks.
     step, half: bits of ``2**s0`` and ``2**(s0 - 1)``.
+
+    In bfloat16 words (:func:`lookup_block_quantities` with ``word=BF16``)
+    sat, step and half are bf16 bit patterns and v counts bf16 ulps
+    (``s0 + 134``, as small as -9); step and half there are exact wherever
+    the rounding reads them (steps from 2**-125 up).
     """
 
     e: jax.Array
@@ -138,20 +144,42 @@ def _table_index(amax, fmt: ElementFormat, scale_rule: str):
     return field + jnp.where(bump, 256, 0)
 
 
-def lookup_block_quantities(amax, fmt: ElementFormat, scale_rule: str) -> Block:
-    """:func:`block_quantities` of :func:`block_exponent`, read from
-    :func:`block_table`: one gather per quantity, so that each comes out
-    contiguous whatever the block layout (the NaN flag is ``v < 0``, one
-    gather fewer; ``e`` is only gathered where used)."""
+@functools.cache
+def word_table(fmt: ElementFormat, scale_rule: str, word: B.Word) -> np.ndarray:
+    """:func:`block_table` in the bit patterns of ``word`` (float32: itself;
+    bfloat16: sat, step and half cut to their top 16 bits, v in bf16 ulps).
+
+    Raises:
+      ValueError: a saturation bound of ``fmt`` that is not a bfloat16 value.
+    """
     table = block_table(fmt, scale_rule)
-    idx = _table_index(amax, fmt, scale_rule)
+    if word == B.F32:
+        return table
+    cut = 32 - word.bits
+    nan = table[:, 3] < 0
+    if np.any((table[~nan, 2] & ((1 << cut) - 1)) != 0):
+        raise ValueError(f"{fmt.name}'s max_normal * 2**e is not a {word.float_dtype.__name__} value")
+    out = table.copy()
+    out[:, 2], out[:, 4], out[:, 5] = table[:, 2] >> cut, table[:, 4] >> cut, table[:, 5] >> cut
+    out[:, 3] = np.where(nan, _NAN_V, table[:, 3] - (23 - word.fraction))
+    return out
+
+
+def lookup_block_quantities(amax, fmt: ElementFormat, scale_rule: str, word: B.Word = B.F32) -> Block:
+    """:func:`block_quantities` of :func:`block_exponent`, read from
+    :func:`word_table`: one gather per quantity, so that each comes out
+    contiguous whatever the block layout (the NaN flag is read from ``v``,
+    one gather fewer; ``e`` is only gathered where used). ``amax``: magnitude
+    bits of ``word`` (float32 by default)."""
+    table = word_table(fmt, scale_rule, word)
+    idx = _table_index(amax.astype(np.uint32) << (32 - word.bits) if word != B.F32 else amax, fmt, scale_rule)
 
     def column(k, dtype):
         return jnp.asarray(table[:, k].astype(dtype)).at[idx].get(mode="promise_in_bounds")
 
-    v = column(3, np.int32)
-    return Block(e=column(0, np.int32), nan=v < 0, sat=column(2, np.uint32), v=v,
-                 step=column(4, np.uint32), half=column(5, np.uint32))
+    v = column(3, word.sint)
+    return Block(e=column(0, word.sint), nan=v < _NAN_BELOW, sat=column(2, word.uint), v=v,
+                 step=column(4, word.uint), half=column(5, word.uint))
 
 
 def element_bump(a, axis: int, scale_rule: str):

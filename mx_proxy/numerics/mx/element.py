@@ -26,48 +26,59 @@ import numpy as np
 
 from mx_proxy.numerics.formats import ElementFormat
 from mx_proxy.numerics.mx import bits as B
-from mx_proxy.numerics.mx.block_scale import E8M0_BIAS, E8M0_NAN, Block
+from mx_proxy.numerics.mx.block_scale import E8M0_BIAS, E8M0_NAN, SCALE_EXP_MIN, Block
 
 __all__ = ["ROUNDINGS", "round_magnitude", "quantize_magnitudes", "nan_code", "encode", "decode", "e2m1_to_e4m3"]
 
 ROUNDINGS = ("even", "away", "stochastic")
 
 
-def round_magnitude(a, blk: Block, fmt: ElementFormat, rounding: str, rbits=None):
-    """Round magnitudes ``a`` (uint32 float32 bits, already saturated) to the
-    grid of ``fmt`` scaled by 2**e (block quantities ``blk``, broadcastable to
-    ``a``). Returns uint32 bits. ``rbits``: uint32 random bits shaped like
-    ``a``, for ``rounding="stochastic"`` only.
+def round_magnitude(a, blk: Block, fmt: ElementFormat, rounding: str, rbits=None, word: B.Word = B.F32):
+    """Round magnitudes ``a`` (unsigned bit patterns of ``word``, float32 by
+    default, already saturated) to the grid of ``fmt`` scaled by 2**e (block
+    quantities ``blk`` in the same word, broadcastable to ``a``). Returns bit
+    patterns of ``word``. ``rbits``: uint32 random bits shaped like ``a``, for
+    ``rounding="stochastic"`` only (float32 words only).
 
-    With d the number of bits of a below its grid step (the step is 2**d
-    float32 ulps of a; d >= 6 for every format):
+    With p the word's fraction bits (23; bfloat16: 7) and d the number of bits
+    of a below its grid step (the step is 2**d ulps of a; float32: d >= 6 for
+    every format; bfloat16: d <= 0 for a subnormal on a grid finer than the
+    word's, which is left as it is):
 
-    * d <= 23: the rounding is an integer add-and-mask on the bit pattern
+    * d <= p: the rounding is an integer add-and-mask on the bit pattern
       (bits are linear within a binade, a carry into the exponent field is the
-      next binade's first value, and subnormal float32 bits are linear too).
-    * d >= 24: a is below the smallest grid step 2**s0, and the result is 0 or
+      next binade's first value, and subnormal bits are linear too).
+    * d > p: a is below the smallest grid step 2**s0, and the result is 0 or
       2**s0: up from 2**(s0-1) on (ties: "even" rounds down to 0).
     """
-    m = fmt.mantissa_bits
-    field = (a >> 23).astype(jnp.int32)
+    m, p, n, U = fmt.mantissa_bits, word.fraction, word.bits, word.uint
+    field = (a >> p).astype(word.sint)
     f1 = jnp.maximum(field, 1)
-    # normal a: max(23 - m, v - field); subnormal a: max(31 - m - clz(a), v - 1)
-    lz = jnp.maximum(B.clz(a), 8)
-    d = jnp.maximum((31 - m) - lz, blk.v - f1)
-    low = B.shl_mod32(B.u32(1), d) - np.uint32(1)  # d <= 23 wherever low is used
+    # normal a: max(p - m, v - field); subnormal a: max(n - 1 - m - clz(a), v - 1)
+    lz = jnp.maximum(word.clz(a), n - 1 - p)
+    d = jnp.maximum((n - 1 - m) - lz, blk.v - f1)
+    one = jnp.asarray(1, U)
+    # the smallest d of any block (float32: >= 6); below 1 a grid step can be finer than the word's ulp
+    exact_possible = _min_grid_bits(fmt, word) < 1
+    if exact_possible:
+        d = jnp.maximum(d, 0)
+    low = word.shl_mod(one, d) - U(1)  # d <= p wherever low is used
+    up = (low & U(1)) if exact_possible else U(1)  # no half-ulp to add where d = 0 (low = 0)
     if rounding == "even":
-        # parity of floor(a / step): bit d of the 24-bit significand (at d = 23
-        # a normal a's implicit bit, not the low bit of its exponent field)
-        sig = a | (jnp.minimum(a, np.uint32(0x800000)) & np.uint32(0x800000))
-        big = (a + (low >> 1) + (B.shr_mod32(sig, d) & np.uint32(1))) & ~low
-        small = jnp.where(a > blk.half, blk.step, np.uint32(0))
-        return jnp.where(d >= 24, small, big)
+        # parity of floor(a / step): bit d of the significand (at d = p a normal a's implicit bit, not the
+        # low bit of its exponent field)
+        sig = a | (jnp.minimum(a, U(1 << p)) & U(1 << p))
+        big = (a + (low >> 1) + (word.shr_mod(sig, d) & up)) & ~low
+        small = jnp.where(a > blk.half, blk.step, U(0))
+        return jnp.where(d > p, small, big)
     if rounding == "away":
-        big = (a + (low >> 1) + np.uint32(1)) & ~low
-        small = jnp.where(a >= blk.half, blk.step, np.uint32(0))
-        return jnp.where(d >= 24, small, big)
+        big = (a + (low >> 1) + up) & ~low
+        small = jnp.where(a >= blk.half, blk.step, U(0))
+        return jnp.where(d > p, small, big)
     if rounding != "stochastic":
         raise ValueError(f"unknown rounding {rounding!r}; valid: {', '.join(ROUNDINGS)}")
+    if word != B.F32:
+        raise ValueError("rounding='stochastic' rounds float32 words (its random bits are 32 per element)")
     if rbits is None:
         raise ValueError("rounding='stochastic' needs random bits (one uint32 per element)")
     # round up iff frac + r / 2**32 >= 1, i.e. on a carry out of the 32-bit
@@ -79,12 +90,20 @@ def round_magnitude(a, blk: Block, fmt: ElementFormat, rounding: str, rbits=None
     return jnp.where(a < blk.step, small, big)
 
 
-def quantize_magnitudes(bits, a, blk: Block, fmt: ElementFormat, rounding: str, rbits=None):
-    """Quantized float32 bits of elements with bits ``bits`` (magnitudes ``a``)
-    in blocks ``blk``: saturate, round, restore the sign; NaN blocks become the
-    canonical quiet NaN."""
-    q = round_magnitude(jnp.minimum(a, blk.sat), blk, fmt, rounding, rbits)
-    return jnp.where(blk.nan, B.QNAN, q | (bits & B.SIGN))
+def _min_grid_bits(fmt: ElementFormat, word: B.Word) -> int:
+    """The smallest d of :func:`round_magnitude` over every block and
+    element: p - m (a normal element), or v - 1 at the smallest scale
+    exponent (a subnormal one), in the word's ulps."""
+    v_min = fmt.emin + SCALE_EXP_MIN - fmt.mantissa_bits + 150 - (23 - word.fraction)
+    return min(word.fraction - fmt.mantissa_bits, v_min - 1)
+
+
+def quantize_magnitudes(bits, a, blk: Block, fmt: ElementFormat, rounding: str, rbits=None, word: B.Word = B.F32):
+    """Quantized bit patterns (of ``word``, float32 by default) of elements
+    with bits ``bits`` (magnitudes ``a``) in blocks ``blk``: saturate, round,
+    restore the sign; NaN blocks become the canonical quiet NaN."""
+    q = round_magnitude(jnp.minimum(a, blk.sat), blk, fmt, rounding, rbits, word)
+    return jnp.where(blk.nan, word.qnan, q | (bits & word.sign))
 
 
 def nan_code(fmt: ElementFormat) -> int:
