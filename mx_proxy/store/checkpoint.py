@@ -42,6 +42,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 import uuid
 import warnings
 from pathlib import Path
@@ -194,13 +195,29 @@ def save(directory, step: int, state: TrainState, metrics: pd.DataFrame | None =
                     raise
                 shutil.rmtree(tmp, ignore_errors=True)
         except Exception as e:
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_failed(tmp)
             code = e.errno if isinstance(e, OSError) and e.errno else errno.EIO
             raise OSError(code, f"could not write checkpoint {final} ({_first_line(e)})") from None
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_failed(tmp)
             raise
     return final
+
+
+def _remove_failed(tmp: Path, quiet_s: float = 0.5, limit_s: float = 3.0) -> None:
+    """Delete the folder of a failed write, and again if it comes back: after
+    a failed save tensorstore may still finish writes it had started (its file
+    driver makes the parent folders), so the folder is gone only once it has
+    stayed gone ``quiet_s`` seconds (at most ``limit_s`` in all)."""
+    start = last_seen = time.monotonic()
+    while True:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+            last_seen = time.monotonic()
+        now = time.monotonic()
+        if now - last_seen >= quiet_s or now - start >= limit_s:
+            return
+        time.sleep(0.05)
 
 
 def drop(directory, step: int) -> None:

@@ -1,6 +1,9 @@
 """Checkpoints (orbax), exact resume, in-situ interventions, the paired-run reference."""
 
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -204,3 +207,19 @@ def test_paired_run_reference_matches_the_fp32_run(tmp_path):
     # turning the pairing on at an intervention starts it from the current weights
     on = mxp.intervene(sw.runs[0], 20, gradient_reference="same_point", progress=False)
     assert "ref_loss" not in on.metrics.columns or on.metrics.loc[on.metrics.step >= 20, "ref_loss"].isna().all()
+
+
+def test_the_folder_of_a_failed_write_is_removed_again_when_a_late_write_brings_it_back(tmp_path):
+    tmp = tmp_path / ".tmp-1@host-x-step_000000005"
+    (tmp / "state").mkdir(parents=True)
+
+    def late_write():  # what tensorstore does when it finishes a write after the save failed
+        time.sleep(0.2)
+        (tmp / "state" / "d").mkdir(parents=True, exist_ok=True)
+        (tmp / "state" / "d" / "chunk").write_bytes(b"late")
+
+    writer = threading.Thread(target=late_write)
+    writer.start()
+    C._remove_failed(tmp, quiet_s=0.5, limit_s=3.0)
+    writer.join()
+    assert not tmp.exists()
