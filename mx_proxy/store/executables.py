@@ -12,7 +12,11 @@ each program by what decides it *without tracing*:
 - the abstract signature of its arguments (tree structure, shapes, dtypes,
   weak types);
 - the code version (:mod:`mx_proxy.training.code_version`: every source
-  that is traced into a program; an edit there is a new key);
+  that is traced into a program; an edit there is a new key), and the
+  fingerprint of every registered activation, normalization, scale rule and
+  element format (:mod:`mx_proxy.numerics.fingerprint`: their data and code,
+  so an entry registered at run time that changes its code under the same
+  name is a new key too);
 - the JAX and jaxlib versions, the platform and device kind, the JAX options
   that change programs (x64, PRNG implementation, default matmul precision),
   ``$XLA_FLAGS`` and the program's compiler options;
@@ -48,6 +52,11 @@ from typing import Any
 import jax
 from jax.experimental.serialize_executable import deserialize_and_load, serialize
 
+from mx_proxy.nn.activations import ACTIVATIONS
+from mx_proxy.nn.norms import NORMS
+from mx_proxy.numerics.fingerprint import fingerprint
+from mx_proxy.numerics.formats import FORMATS
+from mx_proxy.numerics.scale_rules import RULES
 from mx_proxy.training import compile_cache
 from mx_proxy.training.code_version import code_version
 
@@ -76,6 +85,11 @@ def folder() -> Path | None:
     compilation cache folder, or ``None`` when that cache is off."""
     d = compile_cache.active_dir()
     return None if d is None else d / SUBDIR
+
+
+def _entries() -> str:
+    """The fingerprint of the registries a program is traced with."""
+    return fingerprint(ACTIVATIONS, NORMS, RULES, FORMATS)
 
 
 def _environment() -> tuple:
@@ -138,7 +152,7 @@ class CachedProgram:
         _LIVE.pop(id(self), None)
 
     def _digest(self, sig) -> str:
-        blob = repr((self.name, self.key, sig, self.options, code_version(), _environment()))
+        blob = repr((self.name, self.key, sig, self.options, code_version(), _entries(), _environment()))
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
     def _compiled(self, args, static, sig):

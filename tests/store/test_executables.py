@@ -211,3 +211,20 @@ def test_a_long_session_of_distinct_runs_stays_within_the_mapping_budget(monkeyp
         peak = max(peak, executables.map_usage()[0])
     assert executables.stats["released"] > 0
     assert peak < budget + 1500  # the budget plus one paired run's programs
+
+
+def test_an_entry_that_changes_its_code_under_the_same_name_is_a_new_program(kept):
+    """A notebook re-registers its activation with other code: the program on disk traced with the old code
+    is not loaded (the key holds the registries' fingerprint), and the result is the new code's."""
+    from mx_proxy.nn.activations import ACTIVATIONS, Activation
+
+    def program():
+        return CachedProgram("act", jax.jit(lambda x: ACTIVATIONS.get("twice").fn(x, lambda y: y)), "same key")
+
+    with ACTIVATIONS.added(Activation(name="twice", doc="x times 2", fn=lambda x, r: r(x * 2))):
+        first = program()(X)
+        assert np.array_equal(program()(X), first) and executables.stats["loaded"] == 1  # same code: loaded
+    with ACTIVATIONS.added(Activation(name="twice", doc="x times 2", fn=lambda x, r: r(x * 3))):
+        second = program()(X)
+    assert executables.stats["compiled"] == 2 and executables.stats["loaded"] == 1
+    np.testing.assert_array_equal(second, X * 3)
