@@ -7,8 +7,9 @@ its code under the same name, which the package's source hash
 (:mod:`mx_proxy.training.code_version`) does not see. :func:`fingerprint`
 hashes what an entry is made of, the same way in every process that holds
 the same entries: dataclass fields in order, numbers and strings by
-``repr``, functions by their compiled code (``marshal``), the values they
-close over and the functions of their own module that they call by name.
+``repr``, functions by their bytecode, names and constants, the values
+they close over and the functions of their own module that they call by
+name.
 Anything else counts by its type's name only (an opaque object cannot be
 hashed stably across processes).
 """
@@ -18,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import marshal
 import types
 
 import numpy as np
@@ -49,7 +49,7 @@ def _feed(h, v, depth: int, seen: set) -> None:
         h.update(f"type:{v}\0".encode())
     elif isinstance(v, types.FunctionType):
         seen = seen | {id(v)}
-        h.update(marshal.dumps(v.__code__))
+        _feed_code(h, v.__code__)
         for cell in v.__closure__ or ():
             try:
                 _feed(h, cell.cell_contents, depth + 1, seen)
@@ -79,6 +79,28 @@ def _feed(h, v, depth: int, seen: set) -> None:
             _feed(h, v[k], depth + 1, seen)
     else:
         h.update(f"opaque:{type(v).__qualname__}\0".encode())
+
+
+def _feed_code(h, code: types.CodeType) -> None:
+    """A code object's bytecode, names and constants (not its file or line
+    numbers, and not ``marshal``, whose output depends on reference counts)."""
+    h.update(code.co_code)
+    h.update(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars, code.co_argcount,
+                   code.co_kwonlyargcount, code.co_flags)).encode())
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            _feed_code(h, c)
+        else:
+            h.update(_const(c).encode() + b"\0")
+
+
+def _const(c) -> str:
+    """A constant's text, the same in every process (a frozenset's order follows string hashing, which differs)."""
+    if isinstance(c, tuple):
+        return "(" + ",".join(_const(x) for x in c) + ")"
+    if isinstance(c, frozenset):
+        return "frozenset(" + ",".join(sorted(_const(x) for x in c)) + ")"
+    return repr(c)
 
 
 def _called_names(code: types.CodeType) -> set[str]:

@@ -1,6 +1,7 @@
 """mx_proxy.numerics.fingerprint: registry entries hashed by their data and code, the same in every process."""
 
 import dataclasses
+import os
 import subprocess
 import sys
 
@@ -17,8 +18,11 @@ def test_the_same_entries_give_the_same_fingerprint_in_another_process():
     code = ("from mx_proxy.numerics.fingerprint import fingerprint; from mx_proxy.numerics.formats import FORMATS; "
             "from mx_proxy.numerics.scale_rules import RULES; from mx_proxy.nn.activations import ACTIVATIONS; "
             "print(fingerprint(ACTIVATIONS, RULES, FORMATS))")
-    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    assert other == fingerprint(ACTIVATIONS, RULES, FORMATS)
+    here = fingerprint(ACTIVATIONS, RULES, FORMATS)
+    for seed in ("0", "12345"):  # string hashing (a frozenset constant's order) differs between processes
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+        assert other.stdout.strip() == here
 
 
 def _with(entry, registry=ACTIVATIONS):
