@@ -26,8 +26,8 @@ COMMITTED="${COMMITTED:-results/$NAME}"
 DEST="${OUT:-.}/results"
 CELLS="${ABLATION_CELLS-act=gelu,norm=layernorm_noaffine act=gelu,norm=rmsnorm act=gelu,norm=none \
 act=gelu,norm=layernorm act=relu,norm=layernorm act=swiglu,norm=layernorm act=relu2,norm=layernorm act=silu,norm=layernorm}"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-python -c 'import jax; print("jax", jax.__version__, "devices", jax.devices())'
+. scripts/gpu_lib.sh
+gpu_start
 mkdir -p "$WORK"
 for cell in "$COMMITTED"/*/; do  # a fresh machine: resume from the committed exports
   cell="${cell%/}"
@@ -35,11 +35,8 @@ for cell in "$COMMITTED"/*/; do  # a fresh machine: resume from the committed ex
     mkdir -p "$WORK/$(basename "$cell")" && cp -r "$cell" "$WORK/$(basename "$cell")/results"
   fi
 done
-START=$(date +%s)
-timeout --signal=INT "$LIMIT" python -m mx_proxy.experiments.cell_rates --out "$WORK" --table "$WORK/$NAME.csv" \
+gpu_timed "ablation rates" "$LIMIT" python -m mx_proxy.experiments.cell_rates --out "$WORK" --table "$WORK/$NAME.csv" \
   ${CELLS:+--cells $CELLS} "${@:3}"
-STATUS=$?
-echo "ablation rates exit status $STATUS after $(( $(date +%s) - START )) s (124/130: time limit reached, rerun to resume)"
 mkdir -p "$DEST/$NAME"
 [ -f "$WORK/$NAME.csv" ] && cp "$WORK/$NAME.csv" "$DEST/$NAME.csv.tmp" && mv "$DEST/$NAME.csv.tmp" "$DEST/$NAME.csv"
 for cell in "$WORK"/*/results; do

@@ -22,19 +22,12 @@ WORK="${2:-/tmp/proxy-fig7}"
 NAME="${NAME:-fig7-6000-gpu}"
 RESULTS="${RESULTS:-results/ensembles/fig7-6000}"
 DEST="${OUT:-.}/results/ensembles/$NAME"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-python -c 'import jax; print("jax", jax.__version__, "devices", jax.devices())'
+. scripts/gpu_lib.sh
+gpu_start
 mkdir -p "$WORK"
 if [ ! -d "$WORK/$NAME" ] && [ -f "results/ensembles/$NAME/ensemble.json" ]; then
   cp -r "results/ensembles/$NAME" "$WORK/$NAME"  # a fresh machine: resume from the committed exports
 fi
-START=$(date +%s)
-timeout --signal=INT "$LIMIT" python -m mx_proxy.experiments.branch_replay --results "$RESULTS" --out "$WORK" \
+gpu_timed "fig7 replica" "$LIMIT" python -m mx_proxy.experiments.branch_replay --results "$RESULTS" --out "$WORK" \
   --new "$WORK/$NAME" "${@:3}"
-STATUS=$?
-echo "fig7 replica exit status $STATUS after $(( $(date +%s) - START )) s (124/130: time limit reached, rerun to resume)"
-if [ -f "$WORK/$NAME/ensemble.json" ]; then
-  mkdir -p "$DEST"
-  cp -r "$WORK/$NAME/." "$DEST/"
-  python -m mx_proxy.cli report "$DEST" | tee "$WORK/report.md" || true
-fi
+gpu_export "$WORK/$NAME" "$DEST" "$WORK"

@@ -21,21 +21,14 @@ WORK="${2:-/tmp/proxy-moreseeds}"
 NAME="${NAME:-w256-d4-lr0.002-s9}"
 DEST="${OUT:-.}/results/ensembles/$NAME"
 COMMITTED="${COMMITTED:-results/ensembles/$NAME}"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-python -c 'import jax; print("jax", jax.__version__, "devices", jax.devices())'
+. scripts/gpu_lib.sh
+gpu_start
 if [ ! -f "$WORK/$NAME/results/ensemble.json" ] && [ -f "$COMMITTED/ensemble.json" ]; then
   mkdir -p "$WORK/$NAME/results"
   cp -r "$COMMITTED/." "$WORK/$NAME/results/"  # a fresh machine: resume from the committed exports
 fi
-START=$(date +%s)
-timeout --signal=INT "$LIMIT" python -m mx_proxy.cli ensemble --out "$WORK/$NAME" --name "$NAME" --kind seed \
+gpu_timed "more seeds" "$LIMIT" python -m mx_proxy.cli ensemble --out "$WORK/$NAME" --name "$NAME" --kind seed \
   --arms fp32 paper_e4m3 mxfp8_e4m3 --members 8 --first-seed 9 --horizon 7000 --width 256 --depth 4 --batch 2048 \
   --lr 0.002 --steps 7000 --diagnostics-every 50 --val-every 0 --dot bf16 --checkpoint-every 500 --group-size 8 \
   "${@:3}"
-STATUS=$?
-echo "more seeds exit status $STATUS after $(( $(date +%s) - START )) s (124/130: time limit reached, rerun to resume)"
-if [ -f "$WORK/$NAME/results/ensemble.json" ]; then
-  mkdir -p "$DEST"
-  cp -r "$WORK/$NAME/results/." "$DEST/"
-  python -m mx_proxy.cli report "$DEST" | tee "$WORK/report.md" || true
-fi
+gpu_export "$WORK/$NAME/results" "$DEST" "$WORK"

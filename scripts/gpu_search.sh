@@ -21,8 +21,8 @@ LIMIT="${1:-480}"
 WORK="${2:-/tmp/proxy-search}"
 DEST="${OUT:-.}/results/unstable_search.csv"
 CARRY_DEST="${OUT:-.}/results/unstable_search"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-python -c 'import jax; print("jax", jax.__version__, "devices", jax.devices())'
+. scripts/gpu_lib.sh
+gpu_start
 mkdir -p "$WORK"
 if [ ! -f "$WORK/unstable_search.csv" ] && [ -f results/unstable_search.csv ]; then
   cp results/unstable_search.csv "$WORK/unstable_search.csv"
@@ -30,11 +30,8 @@ fi
 if [ ! -d "$WORK/carried" ] && [ -d results/unstable_search ]; then
   cp -r results/unstable_search "$WORK/carried"
 fi
-START=$(date +%s)
-timeout --signal=INT "$LIMIT" python -m mx_proxy.experiments.unstable_search --out "$WORK" \
+gpu_timed "unstable search" "$LIMIT" python -m mx_proxy.experiments.unstable_search --out "$WORK" \
   --table "$WORK/unstable_search.csv" --carry "$WORK/carried" "${@:3}"
-STATUS=$?
-echo "unstable search exit status $STATUS after $(( $(date +%s) - START )) s (124/130: time limit reached, rerun to resume)"
 if [ -f "$WORK/unstable_search.csv" ]; then
   mkdir -p "$(dirname "$DEST")"
   cp "$WORK/unstable_search.csv" "$DEST.tmp" && mv "$DEST.tmp" "$DEST"

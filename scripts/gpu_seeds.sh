@@ -15,15 +15,9 @@ cd "$(dirname "$0")/.."
 LIMIT="${1:-480}"
 WORK="${2:-/tmp/proxy-seeds}"
 DEST="${OUT:-.}/results/ensembles/seeds-w512"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-python -c 'import jax; print("jax", jax.__version__, "devices", jax.devices())'
-START=$(date +%s)
-timeout --signal=INT "$LIMIT" python -m mx_proxy.experiments.paper_seeds --out "$WORK" --group-size 4 "${@:3}"
-STATUS=$?
-echo "paper seeds exit status $STATUS after $(( $(date +%s) - START )) s (124/130: time limit reached, rerun to resume)"
+. scripts/gpu_lib.sh
+gpu_start
+gpu_timed "paper seeds" "$LIMIT" python -m mx_proxy.experiments.paper_seeds --out "$WORK" --group-size 4 "${@:3}"
 mkdir -p "$DEST"
-if [ -f "$WORK/results/ensemble.json" ]; then
-  cp -r "$WORK/results/." "$DEST/"
-  python -m mx_proxy.cli report "$DEST" | tee "$WORK/report.md" || true
-fi
+gpu_export "$WORK/results" "$DEST" "$WORK"
 ls "$DEST" | head -50
