@@ -5,7 +5,7 @@
 #
 # The unstable search trained seeds 1-8 of this setting (width 256, depth 4, batch 2048, Adam LR 2e-3, 7000 steps,
 # bf16 dots; results/unstable_search/w256-d4-lr0.002): on an H100 FP32 blew up in 0 of 8, while on a 2-core CPU it
-# blew up in 2 of its first 4 (results/ensembles/w256-d4-lr0.002-cpu). This trains seeds 9-16 of the same member
+# blew up in 4 of the same 8 (results/ensembles/w256-d4-lr0.002-cpu). This trains seeds 9-16 of the same member
 # config and arms (fp32, paper_e4m3, mxfp8_e4m3), each arm's 8 members as one vmapped program, as the ensemble
 # $NAME (default w256-d4-lr0.002-s9): `python -m mx_proxy.cli ensemble --out WORK/$NAME --first-seed 9 ...
 # [OPTIONS...]` (OPTIONS come last, so a repeated option overrides the default), for at most SECONDS (default 480).
