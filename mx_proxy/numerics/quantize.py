@@ -227,8 +227,7 @@ def _random_bits(key, shape):
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2))
 def _quantize_ste(x, spec, axis, rbits):
     lay, q, _ = _quantize_on_view(x, spec, axis, rbits)
-    word = B.BF16 if x.dtype == jnp.bfloat16 else B.F32
-    return lay.unview(word.float(q), x.shape).astype(jnp.float32)
+    return lay.unview(_word(x, spec).float(q), x.shape).astype(jnp.float32)
 
 
 @_quantize_ste.defjvp

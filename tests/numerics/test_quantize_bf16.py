@@ -11,6 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from test_quantize import assert_same_bits
 
 from mx_proxy.numerics import scale_rules
 from mx_proxy.numerics.formats import ElementFormat
@@ -58,18 +59,11 @@ def _scale_sweep(draws: int = 8) -> np.ndarray:
 X = np.concatenate([_every_pattern(), _scale_sweep()])
 
 
-def _same_bits(got, want):
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.dtype == np.float32 and want.dtype == np.float32 and got.shape == want.shape
-    diff = got.view(np.uint32) != want.view(np.uint32)
-    assert not diff.any(), f"{diff.sum()} of {diff.size} differ, first at {np.argwhere(diff)[:3].tolist()}"
-
-
 @pytest.mark.parametrize("spec", SPECS, ids=_ids)
 def test_bf16_words_equal_the_float32_path(spec):
     x = jnp.asarray(X)
     for axis, arr in ((-1, x), (0, x.T)):
-        _same_bits(quantize(arr, spec, axis=axis), quantize(arr.astype(jnp.float32), spec, axis=axis))
+        assert_same_bits(quantize(arr, spec, axis=axis), quantize(arr.astype(jnp.float32), spec, axis=axis))
 
 
 @pytest.mark.parametrize("spec", [MXSpec("fp8_e4m3", rounding="away"), MXSpec("fp4_e2m1", scale_rule="rceil"),
@@ -78,8 +72,8 @@ def test_bf16_words_on_ragged_and_tiled_layouts_match_the_reference(spec):
     x = np.asarray(X[:40, :23].astype(np.float32))  # 23 columns: a padded block
     x = np.where(np.isfinite(x), x, 1.0).astype(ml_dtypes.bfloat16)  # the reference takes finite arrays here
     got = quantize(jnp.asarray(x), spec, axis=-1)
-    _same_bits(got, quantize(jnp.asarray(x, jnp.float32), spec, axis=-1))
-    _same_bits(got, np.asarray(reference_quantize(x.astype(np.float32), spec, axis=-1), np.float32))
+    assert_same_bits(got, quantize(jnp.asarray(x, jnp.float32), spec, axis=-1))
+    assert_same_bits(got, np.asarray(reference_quantize(x.astype(np.float32), spec, axis=-1), np.float32))
 
 
 @settings(PROPERTY, max_examples=60)
@@ -91,7 +85,7 @@ def test_bf16_words_equal_the_float32_path_on_random_blocks(spec, bits, shift):
     a = bits.astype(np.int32)
     field = np.clip(((a >> 7) & 0xFF) - shift, 0, 255)
     x = jnp.asarray(_bf16((a & 0x807F) | (field << 7)))
-    _same_bits(quantize(x, spec), quantize(x.astype(jnp.float32), spec))
+    assert_same_bits(quantize(x, spec), quantize(x.astype(jnp.float32), spec))
 
 
 WORD_CASES = [(MXSpec("fp8_e4m3"), True), (MXSpec("fp8_e4m3", rounding="stochastic"), False),

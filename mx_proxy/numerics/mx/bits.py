@@ -102,17 +102,17 @@ def u32(v):
 
 def f32(bits):
     """float32 values of uint32 bit patterns."""
-    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+    return F32.float(bits)
 
 
 def b32(x):
     """uint32 bit patterns of float32 values."""
-    return jax.lax.bitcast_convert_type(x, jnp.uint32)
+    return F32.view(x)
 
 
 def clz(a):
     """Leading zeros (int32, 0..32) of uint32 ``a``, counted on its int32 view."""
-    return jax.lax.clz(jax.lax.bitcast_convert_type(a, jnp.int32))
+    return F32.clz(a)
 
 
 def _amount(n):
@@ -133,12 +133,12 @@ def shr(x, n):
 
 def shl_mod32(x, n):
     """``x << (n mod 32)``: for amounts in [0, 31] wherever the result is used."""
-    return jax.lax.shift_left(x, _amount(n) & np.uint32(31))
+    return F32.shl_mod(x, n)
 
 
 def shr_mod32(x, n):
     """Logical ``x >> (n mod 32)``: for amounts in [0, 31] wherever the result is used."""
-    return jax.lax.shift_right_logical(x, _amount(n) & np.uint32(31))
+    return F32.shr_mod(x, n)
 
 
 # ----------------------------------------------------------------------------
