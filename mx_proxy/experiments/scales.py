@@ -350,10 +350,9 @@ _UNSTABLE = ExperimentScale(
          "[0.11, 0.59]): the rate is known to within a factor of a few. And on that CPU fp32 blew up in 4 of "
          "the 8 seeds (0.50 [0.16, 0.84]; Fisher p = 0.08 against the H100's 0 of 8; McNemar p = 0.38 against "
          "mxfp8_e4m3 there): on the CPU the setting does not separate MX from FP32, which sits close to its "
-         "own limit here (at LR 3e-3 FP32 blew up in 3 of 4 on the H100). "
-         "Notebooks 03, 04 and 07 train 8 seeds per run here (rate_members) and print rates: ~1350 "
-         "member-steps/s on an H100, so an 8-seed arm takes ~45 s; "
-         "on a 2-core CPU ~0.1 s per member-step (an 8-seed arm ~1.5 h). The single "
+         "own limit here (at LR 3e-3 FP32 blew up in 3 of 4 on the H100). Notebooks 03, 04 and 07 train 8 "
+         "seeds per run here (rate_members) and print rates: ~1350 member-steps/s on an H100, so an 8-seed arm "
+         "takes ~45 s; on a 2-core CPU ~0.1 s per member-step (an 8-seed arm ~1.5 h). The single "
          "run's seed 4 blew up at step 1526 on the H100; interventions at 1000 and 1500 (on another machine "
          "the same seed follows another trajectory, and blows up elsewhere or not at all).",
     stress_seeds=(1, 2, 3, 4, 5, 6, 7, 8),
