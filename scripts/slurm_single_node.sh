@@ -61,6 +61,10 @@ SlurmctldHost=$NODE(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+# a requeued job waits cred_expire + 1 s before it starts again (default 121 s); starting it sooner (scontrol
+# update StartTime=now) can launch it in the second its old credential was revoked, and slurmd then kills it
+# ("Job credential revoked")
+AuthInfo=cred_expire=10
 CryptoType=crypto/munge
 MpiDefault=none
 ProctrackType=proctrack/linuxproc

@@ -15,6 +15,7 @@ brings it up for these tests and stops it afterwards). Skipped, with the reason,
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -56,23 +57,30 @@ def cluster():
         os.environ["SLURM_CONF"] = before
 
 
-def _wait(what, predicate, timeout=120.0, job=None):
-    """``predicate()``'s first true value within ``timeout`` seconds; on a timeout, what Slurm says of ``job``."""
+def _wait(what, predicate, timeout=120.0, job=None, log=None):
+    """``predicate()``'s first true value within ``timeout`` seconds; on a timeout, what Slurm says of ``job`` and
+    the last lines of its ``log`` (default: the one ``scontrol`` names)."""
     t0 = time.time()
     while time.time() - t0 < timeout:
         value = predicate()
         if value:
             return value
         time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}" + (_job_detail(job) if job else ""))
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}" + (_job_detail(job, log) if job else ""))
 
 
-def _job_detail(job: str) -> str:
-    """``scontrol show job`` and the last lines of the job's log, for a failure message."""
+def _job_detail(job: str, log=None) -> str:
+    """For a failure message: ``scontrol show job`` (gone ``MinJobAge`` after the job ended), ``sacct``'s history
+    of each of its starts, slurmctld's log lines about it and its log's last lines."""
     shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
-    log = next((line.split("=", 1)[1] for line in shown.split() if line.startswith("StdOut=")), None)
+    history = subprocess.run(["sacct", "-j", job, "--duplicates", "-P", "-o", "JobID,State,ExitCode,Start,End"],
+                             capture_output=True, text=True).stdout
+    ctld = CLUSTER / "log" / "slurmctld.log"
+    said = [line for line in ctld.read_text(errors="replace").splitlines() if f"JobId={job} " in f"{line} "] \
+        if ctld.exists() else []
+    log = log or next((line.split("=", 1)[1] for line in shown.split() if line.startswith("StdOut=")), None)
     tail = Path(log).read_text().splitlines()[-20:] if log and Path(log).exists() else []
-    return "\n" + shown + "\n".join(["the job's log, last lines:", *tail])
+    return "\n".join(["", shown, "sacct:", history, "slurmctld:", *said[-15:], "the job's log, last lines:", *tail])
 
 
 def _same_metrics(a: pd.DataFrame, b: pd.DataFrame):
@@ -131,14 +139,12 @@ def _state(job: str) -> str:
     return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
 
 
-def _start_now(job: str) -> bool:
-    """Lifts the hold Slurm puts on a requeued job (it may start only 121 s later) while it is pending; True.
-
-    Slurm sets that hold once the old batch step has finished, which can come after ``squeue`` already shows the
-    job PENDING: a single ``StartTime=now`` sent in between is overwritten, so this is sent at every poll."""
-    if _state(job) == "PENDING":
-        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
-    return True
+def _requeue_hold() -> int:
+    """Seconds Slurm holds a requeued job before it may start again: ``AuthInfo=cred_expire`` + 1 (121 by
+    default; scripts/slurm_single_node.sh sets 10)."""
+    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True).stdout
+    m = re.search(r"^AuthInfo\s*=.*cred_expire=(\d+)", config, re.MULTILINE)
+    return (int(m.group(1)) if m else 120) + 1
 
 
 def test_a_preempted_then_cancelled_job_resumes_and_ends_equal_to_an_uninterrupted_run(cluster, tmp_path, capsys):
@@ -150,9 +156,11 @@ def test_a_preempted_then_cancelled_job_resumes_and_ends_equal_to_an_uninterrupt
         (record,) = _slurm.read_record(store / ".slurm").values()
         job = record["job"]
         subprocess.run(["scancel", "--signal=USR2", job], check=True)  # Slurm's warning before a preemption
-        stopped = _wait("the requeue", lambda: _state(job) == "PENDING" and _checkpoints(store), job=job)[-1]
-        _wait(f"a checkpoint after the requeue (stopped at {stopped})",
-              lambda: _start_now(job) and _checkpoints(store)[-1] > stopped, job=job)
+        stopped = _wait("the requeue", lambda: _state(job) == "PENDING" and _checkpoints(store), job=job,
+                        log=record["stdout"])[-1]
+        # the requeued job starts on its own after the cluster's cred_expire + 1 s (scripts/slurm_single_node.sh)
+        _wait(f"a checkpoint after the requeue (stopped at {stopped})", lambda: _checkpoints(store)[-1] > stopped,
+              timeout=_requeue_hold() + 120.0, job=job, log=record["stdout"])
         subprocess.run(["scancel", job], check=True)  # SIGTERM: checkpoint, exit
         out, err = running.communicate(timeout=120)
     finally:
