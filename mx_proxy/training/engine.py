@@ -59,17 +59,24 @@ _VAL_STEP = 0x7FFFFFFF  # the rounding "step" of validation passes (training ste
 def compiler_options(config: Config | None = None) -> dict | None:
     """XLA options of every compiled piece of a run (and of a vmapped sweep).
 
-    On CPU, XLA's YNNPACK library fusions reduce in an order that depends on
+    On CPU, copy insertion uses region analysis, which leaves out most of the
+    copies of the training loop's carried state (parameters, optimizer
+    moments) that its default analysis makes each step: the same values,
+    ~3-5 % less time per step at width 512.
+    XLA's YNNPACK library fusions reduce in an order that depends on
     the shape around them, so a member of a vmapped sweep would differ from
     its single run in the last bits; plain XLA loop fusions reduce each row
     in the same order whatever the leading (member) axes, which keeps sweeps
     bit-for-bit equal to individual runs. ``Config.dot="bf16"`` needs
     YNNPACK (it runs the bf16 GEMMs on the AVX512-BF16/AMX units), so such a
-    run keeps XLA's default options.
+    run keeps XLA's YNNPACK fusions. Other backends: XLA's defaults.
     """
-    if jax.default_backend() != "cpu" or (config is not None and config.dot == "bf16"):
+    if jax.default_backend() != "cpu":
         return None
-    return {"xla_cpu_experimental_ynn_fusion_type": ""}
+    options = {"xla_cpu_copy_insertion_use_region_analysis": True}
+    if config is None or config.dot != "bf16":
+        options["xla_cpu_experimental_ynn_fusion_type"] = ""
+    return options
 
 
 class TrainState(NamedTuple):

@@ -25,12 +25,13 @@ import pytest
 import mx_proxy as mxp
 from mx_proxy.nn import layers
 from mx_proxy.numerics import recipe as recipes
+from mx_proxy.training.engine import compiler_options
 
 import exactness
 
 ROOT = Path(__file__).resolve().parents[2]
-# mx_proxy.training.engine.compiler_options of a dot="f32" run
-F32_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+# the XLA options of a dot="f32" run
+F32_OPTIONS = compiler_options(mxp.Config(dot="f32"))
 
 
 # --------------------------------------------------------------------------- both dot paths

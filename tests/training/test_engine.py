@@ -52,6 +52,25 @@ def test_every_segment_length_of_a_run_is_one_compiled_program():
     assert len(segment._memory) == 1  # one signature compiled (or loaded) for all four segments
 
 
+@pytest.mark.parametrize("dot", ["f32", "bf16"])
+def test_copy_insertion_by_region_analysis_leaves_every_value_as_it_was(dot):
+    """compiler_options turns XLA:CPU's region-based copy insertion on (fewer copies of the loop's carried
+    state); the segment it compiles gives the same state and metrics, bit for bit, as without it."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("a CPU compiler option")
+    cfg = SMALL.replace(recipe="paper_e4m3", dot=dot, diagnostics_every=5)
+    opts = engine.compiler_options(cfg)
+    assert opts.pop("xla_cpu_copy_insertion_use_region_analysis") is True
+    program, dyn = engine.program_for(cfg), engine.dynamic_for(cfg)
+    state, teacher = program.init(dyn)
+    outs = [jax.jit(program.segment, static_argnames=("size",), compiler_options=o)(
+        state, dyn, teacher, np.int32(0), np.int32(30), size=30) for o in (engine.compiler_options(cfg), opts or None)]
+    leaves = [jax.tree.leaves(o) for o in outs]
+    assert len(leaves[0]) == len(leaves[1]) > 10
+    for a, b in zip(*leaves, strict=True):
+        assert np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True)
+
+
 def test_data_is_a_pure_function_of_seed_and_step():
     import jax
     k = jax.random.key(3)
