@@ -20,6 +20,9 @@ XLA options (``dot="f32"`` turns YNNPACK's fusions off, see
 :func:`mx_proxy.training.engine.compiler_options`), so the GEMMs are timed
 under both, and a step is held against the FP32 step and GEMMs compiled
 like it. The CPU is printed, since the bf16-dot speedup depends on it.
+Each step-to-roofline ratio (of the medians) comes with its range over
+the repeats, each repeat's timings taken on their own: the non-GEMM part
+is a difference of two large numbers and moves the most between runs.
 
 Targets: ``paper_e4m3`` (``dot="bf16"``) <= 0.8 x the FP32 step on a CPU
 with native bf16 dots; every MX step <= 1.25 x its own roofline, on any
@@ -51,10 +54,10 @@ PAPER_TARGET, ROOFLINE_TARGET, FP32_TARGET = 0.8, 1.25, 0.85
 _OPERANDS = {"fwd": ("fwd_x", "fwd_w"), "dgrad": ("dgrad_g", "dgrad_w"), "wgrad": ("wgrad_x", "wgrad_g")}
 
 
-def interleaved_medians(fns: dict, repeats: int) -> dict:
-    """Median seconds of each blocking ``fn()``, after one warm-up call each,
-    timing the functions in turn within every repeat so that load from other
-    processes hits them alike."""
+def interleaved_times(fns: dict, repeats: int) -> dict:
+    """Seconds of each blocking ``fn()`` in each of ``repeats`` rounds (an
+    array per function), after one warm-up call each, timing the functions in
+    turn within every round so that load from other processes hits them alike."""
     for fn in fns.values():
         fn()
     times = {k: [] for k in fns}
@@ -63,7 +66,12 @@ def interleaved_medians(fns: dict, repeats: int) -> dict:
             t0 = time.perf_counter()
             fn()
             times[k].append(time.perf_counter() - t0)
-    return {k: float(np.median(v)) for k, v in times.items()}
+    return {k: np.asarray(v) for k, v in times.items()}
+
+
+def interleaved_medians(fns: dict, repeats: int) -> dict:
+    """Median seconds of each blocking ``fn()`` (see :func:`interleaved_times`)."""
+    return {k: float(np.median(v)) for k, v in interleaved_times(fns, repeats).items()}
 
 
 def step_timer(config: Config, steps: int):
@@ -152,6 +160,18 @@ def roofline(recipe, dot: str, config: Config, seconds_per_flop: dict, t_teacher
     return gemms + t_teacher + non_gemm
 
 
+def step_roofline(t: dict, recipe: str, dot: str, diagnostics: int, config: Config, compiled, kind_flops) -> float:
+    """:func:`roofline` of ``recipe``'s step from one set of timings ``t`` (seconds per step, keyed as
+    :func:`main` keys them: medians, or one round of the interleaved repeats): its GEMMs at the speeds timed
+    under ``dot``'s XLA options, the teacher, and the FP32 step's time (with ``dot``'s options) minus its
+    GEMMs'."""
+    per_flop = {(dt, k): t["gemm", dot, dt, k] / kind_flops[k] for dt in DTYPES for k in KINDS
+                if (dot, dt) in compiled}
+    fp32_gemms = sum(t["gemm", dot, "f32", k] for k in KINDS) + t["teacher", dot]
+    non_gemm = max(t["fp32", dot, diagnostics] - fp32_gemms, 0.0)
+    return roofline(recipe, dot, config, per_flop, t["teacher", dot], non_gemm)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="mx-proxy bench step", description=plain(__doc__))
     add_shape(p, width=256, batch=512)
@@ -180,7 +200,8 @@ def main(argv=None) -> int:
             fns["gemm", d, dt, kind] = gemm_timer([g for g in student if g[1] == kind], args.steps, dt, options)
         if dt == "f32":
             fns["teacher", d] = gemm_timer(teacher_gemms(base), args.steps, "f32", options)
-    t = {k: v / args.steps for k, v in interleaved_medians(fns, args.repeats).items()}
+    samples = {k: v / args.steps for k, v in interleaved_times(fns, args.repeats).items()}
+    t = {k: float(np.median(v)) for k, v in samples.items()}
 
     kind_flops = {kind: sum(flops(g) for g in student if g[1] == kind) for kind in KINDS}
     per_flop = {(d, dt, kind): t["gemm", d, dt, kind] / kind_flops[kind] for d, dt in compiled for kind in KINDS}
@@ -190,9 +211,10 @@ def main(argv=None) -> int:
         print(f"    {labels[dt]:19s} as dot={d:4s} compiles" + "  ".join(f"{1e-9 / per_flop[d, dt, k]:6.0f}"
                                                              for k in KINDS))
     fp32_gemm = {d: sum(t["gemm", d, "f32", k] for k in KINDS) + t["teacher", d] for d in ("f32", "bf16")}
+    rounds = [{k: float(v[i]) for k, v in samples.items()} for i in range(args.repeats)]
     for g in diags:
         print("  diagnostics " + ("every step" if g else "off") + "   (ms/step; / the FP32 step with dot=f32; "
-              "/ its own roofline)")
+              "/ its own roofline, and its range over the repeats)")
         f = t["fp32", "f32", g]
         for r, d in cases:
             step = t[r, d, g]
@@ -201,13 +223,12 @@ def main(argv=None) -> int:
                 print(f"{line}   roofline {fp32_gemm[d] * 1e3:8.2f} (its GEMMs), step at "
                       f"{100 * fp32_gemm[d] / step:3.0f} % of it (target >= {100 * FP32_TARGET:.0f} %)")
                 continue
-            non_gemm = max(t["fp32", d, g] - fp32_gemm[d], 0.0)
-            speeds = {(dt, k): per_flop[d, dt, k] for dt in DTYPES for k in KINDS if (d, dt, k) in per_flop}
-            roof = roofline(r, d, base, speeds, t["teacher", d], non_gemm)
+            roof = step_roofline(t, r, d, g, base, compiled, kind_flops)
+            spread = [x[r, d, g] / step_roofline(x, r, d, g, base, compiled, kind_flops) for x in rounds]
             target = (f" (target <= {PAPER_TARGET:.2f})" if r == "paper_e4m3" and d == "bf16" and cpu["native_bf16"]
                       else "")
             print(f"{line}{target}   roofline {roof * 1e3:8.2f}, step / roofline {step / roof:5.2f} "
-                  f"(target <= {ROOFLINE_TARGET:.2f})")
+                  f"[{min(spread):.2f}, {max(spread):.2f}] (target <= {ROOFLINE_TARGET:.2f})")
     gflop = (sum(kind_flops.values()) + sum(flops(g) for g in teacher_gemms(base))) / 1e9
     non_gemm = ", ".join(f"dot={d} {max(t['fp32', d, 0] - fp32_gemm[d], 0) * 1e3:.2f} ms" for d in fp32_gemm)
     print(f"  {gflop:.2f} GFLOP of GEMMs per step; an MX roofline's non-GEMM time is the FP32 step's with the "
