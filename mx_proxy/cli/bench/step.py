@@ -160,16 +160,27 @@ def roofline(recipe, dot: str, config: Config, seconds_per_flop: dict, t_teacher
     return gemms + t_teacher + non_gemm
 
 
+def gemm_speeds(t: dict, dot: str, compiled, kind_flops) -> dict:
+    """Seconds per FLOP of each GEMM kind and dtype timed under ``dot``'s XLA options, from timings ``t`` (keyed
+    as :func:`main` keys them: medians, or one round of the interleaved repeats), by ``(dtype, kind)``."""
+    return {(dt, k): t["gemm", dot, dt, k] / kind_flops[k] for dt in DTYPES for k in KINDS if (dot, dt) in compiled}
+
+
+def fp32_gemm_time(t: dict, dot: str) -> float:
+    """Seconds of the FP32 step's GEMMs (float32 dots and the teacher) under ``dot``'s XLA options: its roofline."""
+    return sum(t["gemm", dot, "f32", k] for k in KINDS) + t["teacher", dot]
+
+
+def non_gemm_time(t: dict, dot: str, diagnostics: int) -> float:
+    """The FP32 step's time (with ``dot``'s options) minus its GEMMs' (never below 0)."""
+    return max(t["fp32", dot, diagnostics] - fp32_gemm_time(t, dot), 0.0)
+
+
 def step_roofline(t: dict, recipe: str, dot: str, diagnostics: int, config: Config, compiled, kind_flops) -> float:
-    """:func:`roofline` of ``recipe``'s step from one set of timings ``t`` (seconds per step, keyed as
-    :func:`main` keys them: medians, or one round of the interleaved repeats): its GEMMs at the speeds timed
-    under ``dot``'s XLA options, the teacher, and the FP32 step's time (with ``dot``'s options) minus its
-    GEMMs'."""
-    per_flop = {(dt, k): t["gemm", dot, dt, k] / kind_flops[k] for dt in DTYPES for k in KINDS
-                if (dot, dt) in compiled}
-    fp32_gemms = sum(t["gemm", dot, "f32", k] for k in KINDS) + t["teacher", dot]
-    non_gemm = max(t["fp32", dot, diagnostics] - fp32_gemms, 0.0)
-    return roofline(recipe, dot, config, per_flop, t["teacher", dot], non_gemm)
+    """:func:`roofline` of ``recipe``'s step from one set of timings ``t`` (:func:`gemm_speeds`): its GEMMs at
+    the speeds timed under ``dot``'s XLA options, the teacher, and :func:`non_gemm_time`."""
+    return roofline(recipe, dot, config, gemm_speeds(t, dot, compiled, kind_flops), t["teacher", dot],
+                    non_gemm_time(t, dot, diagnostics))
 
 
 def main(argv=None) -> int:
@@ -204,13 +215,13 @@ def main(argv=None) -> int:
     t = {k: float(np.median(v)) for k, v in samples.items()}
 
     kind_flops = {kind: sum(flops(g) for g in student if g[1] == kind) for kind in KINDS}
-    per_flop = {(d, dt, kind): t["gemm", d, dt, kind] / kind_flops[kind] for d, dt in compiled for kind in KINDS}
+    speeds = {d: gemm_speeds(t, d, compiled, kind_flops) for d in ("f32", "bf16")}
     print("  GEMMs alone, GFLOP/s                     " + "  ".join(f"{k:>6s}" for k in KINDS))
     labels = {"f32": "float32 dots", "bf16": "bf16 x bf16 -> f32"}
     for d, dt in compiled:
-        print(f"    {labels[dt]:19s} as dot={d:4s} compiles" + "  ".join(f"{1e-9 / per_flop[d, dt, k]:6.0f}"
+        print(f"    {labels[dt]:19s} as dot={d:4s} compiles" + "  ".join(f"{1e-9 / speeds[d][dt, k]:6.0f}"
                                                              for k in KINDS))
-    fp32_gemm = {d: sum(t["gemm", d, "f32", k] for k in KINDS) + t["teacher", d] for d in ("f32", "bf16")}
+    fp32_gemm = {d: fp32_gemm_time(t, d) for d in ("f32", "bf16")}
     rounds = [{k: float(v[i]) for k, v in samples.items()} for i in range(args.repeats)]
     for g in diags:
         print("  diagnostics " + ("every step" if g else "off") + "   (ms/step; / the FP32 step with dot=f32; "
@@ -230,7 +241,7 @@ def main(argv=None) -> int:
             print(f"{line}{target}   roofline {roof * 1e3:8.2f}, step / roofline {step / roof:5.2f} "
                   f"[{min(spread):.2f}, {max(spread):.2f}] (target <= {ROOFLINE_TARGET:.2f})")
     gflop = (sum(kind_flops.values()) + sum(flops(g) for g in teacher_gemms(base))) / 1e9
-    non_gemm = ", ".join(f"dot={d} {max(t['fp32', d, 0] - fp32_gemm[d], 0) * 1e3:.2f} ms" for d in fp32_gemm)
+    non_gemm = ", ".join(f"dot={d} {non_gemm_time(t, d, 0) * 1e3:.2f} ms" for d in fp32_gemm)
     print(f"  {gflop:.2f} GFLOP of GEMMs per step; an MX roofline's non-GEMM time is the FP32 step's with the "
           f"same dot setting minus its GEMMs: {non_gemm}")
     return 0
