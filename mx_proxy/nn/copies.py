@@ -1,6 +1,7 @@
 """A transposed copy that XLA:CPU computes as its own loop.
 
-The bf16 wgrad GEMM needs its first operand transposed in memory (see
+The bf16 wgrad GEMM needs its first operand transposed in memory, or, for
+a layer that narrows, its second operand and its float32 product (see
 :func:`mx_proxy.nn.dense.quantized_matmul`). XLA:CPU fuses the operand's
 producer, here the MX quantizer's element loop, into that transposing
 copy, and a loop whose output is transposed is not vectorized: the whole

@@ -87,7 +87,7 @@ from mx_proxy.numerics.mx.block_scale import (
     Block,
     block_quantities,
     element_bump,
-    lookup_block_quantities,
+    per_block_quantities,
 )
 from mx_proxy.numerics.mx.element import ROUNDINGS, quantize_magnitudes
 from mx_proxy.numerics.mx.layout import Layout, normalize_axis
@@ -149,13 +149,13 @@ def _word(x, spec: MXSpec) -> B.Word:
 def _e8m0_block(xp, a, spec: MXSpec, lay: Layout, word: B.Word) -> Block:
     """E8M0 block quantities of the padded array ``xp`` (``a``: its magnitude
     bits on the view of ``lay``, in ``word``): from the block amax, through
-    :func:`lookup_block_quantities`.
+    :func:`per_block_quantities`.
 
     A per-element rule (``"paper_bump"``) gives each element its own
     exponent, the block's floor exponent plus :func:`element_bump` (0 or 1),
     so its Block is per element (float32 words only).
     """
-    blk = lookup_block_quantities(lay.block_max(word.view(xp) & word.abs_mask), spec.element, spec.scale_rule, word)
+    blk = per_block_quantities(lay.block_max(word.view(xp) & word.abs_mask), spec.element, spec.scale_rule, word)
     bump = element_bump(a, lay.axis, spec.scale_rule)
     if bump is None:
         return blk
@@ -184,8 +184,8 @@ def _quantize_on_view(x, spec: MXSpec, axis: int, rbits):
     where :func:`_word` allows; ``axis`` normalized): every stage entered
     once, for every spec.
 
-    Performance (XLA:CPU), 1-D E8M0 blocks: three kinds of loops, the amax
-    reduction, one small gather per block quantity, and the element loop.
+    Performance (XLA:CPU), 1-D E8M0 blocks: three loops, the amax reduction,
+    the per-block quantities (a small reduction) and the element loop.
     """
     lay = Layout(spec.block_dims, axis, spec.block_size)
     rbv = None if rbits is None else lay.view(rbits)

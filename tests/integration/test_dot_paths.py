@@ -143,6 +143,22 @@ def test_bf16_dot_has_the_same_operands_and_f32_accumulation_bounds(r):
                         unknown_atol=2.0**-8)
 
 
+@pytest.mark.parametrize("name", ["paper_e4m3", "mxfp8_e4m3"])
+def test_a_narrowing_layer_takes_its_wgrad_transposed_within_the_bound(name):
+    # fan_out 16 < fan_in 128 at batch 256: the bf16 wgrad is computed as (g^T x)^T, copying the narrow g
+    r = recipes.get(name)
+    x, w, b, g = _operands(seed=3, batch=256, fan_in=128, fan_out=16)
+    fast, ref = _dense(r.with_dot("bf16"), None), _dense(r.with_dot("f32"), None)
+    hlo = jax.jit(fast).lower(x, w, b, g).compile().as_text()
+    assert "f32[16,128]" in hlo and " conditional(" in hlo, "the transposed wgrad product was not compiled"
+    cert = exactness.certify(ref, x, w, b, g)
+    got_fast = jax.jit(fast)(x, w, b, g)
+    got_ref = jax.jit(ref, compiler_options=F32_OPTIONS)(x, w, b, g)
+    for i, out in enumerate(("y", "dx", "dw", "db")):
+        exactness.check(got_fast[i], got_ref[i], cert[i], f"{name}: {out}", bf16=True, unknown_atol=2.0**-8)
+    assert got_fast[2].shape == (128, 16)
+
+
 # --------------------------------------------------------------------------- training with dot="bf16"
 
 TINY = mxp.Config(width=32, depth=2, batch=64, steps=20, recipe="mxfp8_e4m3", dot="bf16", diagnostics_every=10,

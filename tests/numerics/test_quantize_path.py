@@ -44,7 +44,7 @@ def stages(monkeypatch):
     counts = collections.Counter()
     for name in ("pad", "split", "block_max", "unview"):
         _counting(monkeypatch, L.Layout, name, counts)
-    for name in ("lookup_block_quantities", "quantize_magnitudes"):
+    for name in ("per_block_quantities", "quantize_magnitudes"):
         _counting(monkeypatch, Q, name, counts)
     _counting(monkeypatch, nvfp4, "quantize_view", counts)
     return counts
@@ -58,9 +58,9 @@ def test_each_stage_of_quantize_is_entered_once(case, stages):
     # (a split is a reshape: the block max may read its own of the padded array)
     assert stages["pad"] == stages["unview"] == 1 and stages["split"] >= 1, dict(stages)
     if spec.scale_format == "e4m3":  # NVFP4: scales and elements in one record-keeping pass on the view
-        assert stages["quantize_view"] == 1 and stages["lookup_block_quantities"] == 0, dict(stages)
+        assert stages["quantize_view"] == 1 and stages["per_block_quantities"] == 0, dict(stages)
     else:
-        assert stages["block_max"] == stages["lookup_block_quantities"] == stages["quantize_magnitudes"] == 1
+        assert stages["block_max"] == stages["per_block_quantities"] == stages["quantize_magnitudes"] == 1
         assert stages["quantize_view"] == 0
 
 

@@ -116,10 +116,10 @@ def mx_library_floor(bits, fmt, dtype=np.float64) -> np.ndarray:
 
 
 def ours(bits, fmt, rule) -> tuple[np.ndarray, np.ndarray]:
-    """(direct, table lookup) exponents of the quantizer's block scale."""
+    """(direct, per block as the quantizer computes them) exponents of the block scale."""
     f, a = formats.get(fmt), jnp.asarray(bits)
     direct = _with_nan(*block_scale.block_exponent(a, f, rule))
-    blk = block_scale.lookup_block_quantities(a, f, rule)
+    blk = block_scale.per_block_quantities(a, f, rule)
     return direct, _with_nan(blk.e, blk.nan)
 
 
