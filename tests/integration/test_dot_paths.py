@@ -143,9 +143,10 @@ def test_bf16_dot_has_the_same_operands_and_f32_accumulation_bounds(r):
                         unknown_atol=2.0**-8)
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the transposed wgrad is the CPU's bf16 dot path")
 @pytest.mark.parametrize("name", ["paper_e4m3", "mxfp8_e4m3"])
 def test_a_narrowing_layer_takes_its_wgrad_transposed_within_the_bound(name):
-    # fan_out 16 < fan_in 128 at batch 256: the bf16 wgrad is computed as (g^T x)^T, copying the narrow g
+    # fan_out 16 < fan_in 128 at batch 256: the CPU's bf16 wgrad is computed as (g^T x)^T, copying the narrow g
     r = recipes.get(name)
     x, w, b, g = _operands(seed=3, batch=256, fan_in=128, fan_out=16)
     fast, ref = _dense(r.with_dot("bf16"), None), _dense(r.with_dot("f32"), None)
