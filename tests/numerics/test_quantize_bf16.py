@@ -115,3 +115,15 @@ def test_grad_of_a_bf16_input_is_straight_through_in_float32():
     x = jnp.linspace(-3, 3, 64, dtype=jnp.float32).astype(jnp.bfloat16).reshape(2, 32)
     g = jax.grad(lambda x: jnp.sum(quantize(x, MXSpec("fp8_e4m3")) * 2.0))(x)
     assert g.dtype == jnp.bfloat16 and np.all(np.asarray(g, np.float32) == 2.0)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_quantize_under_vmap_equals_each_slice_alone(axis, dtype):
+    # the member axis of a vmapped sweep: the per-block quantities' reduction and the element loop batched
+    spec = MXSpec("fp8_e4m3", rounding="away")
+    x = jax.random.normal(jax.random.key(2), (3, 64, 96), jnp.float32)
+    x = (x * jnp.exp2(jnp.arange(3, dtype=jnp.float32) * 40 - 40)[:, None, None]).astype(dtype)
+    got = jax.jit(jax.vmap(lambda v: quantize(v, spec, axis=axis)))(x)
+    for i in range(x.shape[0]):
+        assert_same_bits(got[i], quantize(x[i], spec, axis=axis))
