@@ -117,12 +117,12 @@ def _gemm(a, b, a_spec, b_spec, vector, backend, a_axis, b_axis, a_key, b_key, r
             # (a layer that narrows, as the MLP's second), (b^T a)^T moves fewer bytes: b's transposed copy and
             # the float32 (N, M) product's, 4 N (K + 2 M) bytes against a's 4 K M. The same products, float32 sums.
             qa, qb = qa.astype(jnp.bfloat16), qb.astype(jnp.bfloat16)
-            k, m, n = qa.shape[-2], qa.shape[-1], qb.shape[-1 - b_axis]
-            if a_axis == 0 and n * (k + 2 * m) < k * m:
-                qbt = transposed_copy(qb) if b_axis == 0 else qb
-                out_t = jax.lax.dot_general(qbt, qa, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-                return transposed_copy(out_t)
             if a_axis == 0:
+                k, m, n = qa.shape[-2], qa.shape[-1], qb.shape[-1 - b_axis]
+                if n * (k + 2 * m) < k * m:
+                    qbt = transposed_copy(qb) if b_axis == 0 else qb
+                    out_t = jax.lax.dot_general(qbt, qa, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+                    return transposed_copy(out_t)
                 qa = transposed_copy(qa)
                 return jax.lax.dot_general(qa, qb, (((1,), (b_axis,)), ((), ())), preferred_element_type=jnp.float32)
             return jax.lax.dot_general(qa, qb, dims, preferred_element_type=jnp.float32)

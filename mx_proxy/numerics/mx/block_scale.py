@@ -161,9 +161,18 @@ def word_table(fmt: ElementFormat, scale_rule: str, word: B.Word) -> np.ndarray:
     if np.any((table[~nan, 2] & ((1 << cut) - 1)) != 0):
         raise ValueError(f"{fmt.name}'s max_normal * 2**e is not a {word.float_dtype.__name__} value")
     out = table.copy()
-    out[:, 2], out[:, 4], out[:, 5] = table[:, 2] >> cut, table[:, 4] >> cut, table[:, 5] >> cut
-    out[:, 3] = np.where(nan, _NAN_V, table[:, 3] - (23 - word.fraction))
+    out[:, 3], out[:, 2], out[:, 4], out[:, 5] = _in_word(table[:, 3], table[:, 2], table[:, 4], table[:, 5], nan,
+                                                          word, np.where)
     return out
+
+
+def _in_word(v, sat, step, half, nan, word: B.Word, where):
+    """(v, sat, step, half) of float32 block quantities in the bit patterns of
+    ``word``: the bounds cut to its top bits, v counted in its ulps (``_NAN_V``
+    in NaN blocks). ``where``: ``np.where`` or ``jnp.where``, for tables and
+    traced arrays alike."""
+    cut = 32 - word.bits
+    return where(nan, _NAN_V, v - (23 - word.fraction)), sat >> cut, step >> cut, half >> cut
 
 
 def per_block_quantities(amax, fmt: ElementFormat, scale_rule: str, word: B.Word = B.F32) -> Block:
@@ -188,9 +197,8 @@ def per_block_quantities(amax, fmt: ElementFormat, scale_rule: str, word: B.Word
         word_table(fmt, scale_rule, word)  # raises for a format too fine for the word (cached per format and rule)
     e, nan = block_exponent(amax.astype(np.uint32) << (32 - word.bits) if word != B.F32 else amax, fmt, scale_rule)
     q = block_quantities(e, nan, fmt)
-    cut = 32 - word.bits
-    vals = (jnp.where(nan, _NAN_V, q.v - (23 - word.fraction)).astype(word.sint),
-            *((x >> cut).astype(word.uint) for x in (q.sat, q.step, q.half)))
+    v, *bounds = _in_word(q.v, q.sat, q.step, q.half, nan, word, jnp.where)
+    vals = (v.astype(word.sint), *(x.astype(word.uint) for x in bounds))
     lows = tuple(np.array(np.iinfo(x.dtype).min, x.dtype) for x in vals)
     pairs = tuple(jnp.stack([x, jnp.full_like(x, low)], axis=-1) for x, low in zip(vals, lows))
     v, sat, step, half = jax.lax.reduce(pairs, lows, lambda a, b: tuple(map(jnp.maximum, a, b)), (vals[0].ndim,))
