@@ -27,7 +27,7 @@ from mx_proxy.numerics.quantize import MXSpec, quantize
 from mx_proxy.numerics.recipe import Recipe
 from mx_proxy.pallas.matmul import mx_dot
 
-__all__ = ["mx_dense", "quantized_matmul", "operand_key", "switch", "OPERANDS"]
+__all__ = ["mx_dense", "quantized_matmul", "operand_key", "switch", "wgrad_transposed", "OPERANDS"]
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -118,8 +118,7 @@ def _gemm(a, b, a_spec, b_spec, vector, backend, a_axis, b_axis, a_key, b_key, r
             # the float32 (N, M) product's, 4 N (K + 2 M) bytes against a's 4 K M. The same products, float32 sums.
             qa, qb = qa.astype(jnp.bfloat16), qb.astype(jnp.bfloat16)
             if a_axis == 0:
-                k, m, n = qa.shape[-2], qa.shape[-1], qb.shape[-1 - b_axis]
-                if n * (k + 2 * m) < k * m:
+                if wgrad_transposed(qa.shape[-2], qa.shape[-1], qb.shape[-1 - b_axis]):
                     qbt = transposed_copy(qb) if b_axis == 0 else qb
                     out_t = jax.lax.dot_general(qbt, qa, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
                     return transposed_copy(out_t)
@@ -133,6 +132,14 @@ def _gemm(a, b, a_spec, b_spec, vector, backend, a_axis, b_axis, a_key, b_key, r
         else:
             out = f32_dot(qa, qb)
     return out
+
+
+def wgrad_transposed(k: int, m: int, n: int) -> bool:
+    """Whether the CPU bf16 dot takes a GEMM whose first operand ``a (K, M)``
+    is contracted over its major axis (the wgrad, with ``b (K, N)``) as
+    ``(bᵀ a)ᵀ``: b's transposed copy and the float32 ``(N, M)`` product's,
+    ``4 N (K + 2 M)`` bytes, against a's transposed copy, ``4 K M``."""
+    return n * (k + 2 * m) < k * m
 
 
 def _bf16_exact(spec: MXSpec | None, vector: str) -> bool:

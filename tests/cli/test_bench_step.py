@@ -1,10 +1,17 @@
 """The bookkeeping of ``mx-proxy bench step`` (which GEMMs, which dot, the
 roofline's sum) and the CPU line benchmarks print; no timing is asserted."""
 
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from mx_proxy.cli.bench import machine, step
+from mx_proxy.nn import dense
 from mx_proxy.training.config import Config
+from mx_proxy.training.engine import compiler_options
 
 CFG = Config(width=64, depth=3, batch=32)
 
@@ -26,6 +33,42 @@ def test_student_gemms_are_forward_dgrad_and_wgrad_of_every_layer():
         assert sum(step.flops(g) for g in gemms if g[1] == kind) == CFG.depth * 2 * (2 * b * d * h)
     teacher = step.teacher_gemms(CFG)
     assert sum(step.flops(g) for g in teacher) == CFG.depth * 2 * (2 * b * d * d)
+
+
+def test_wgrad_layouts_are_those_each_dot_computes():
+    cfg = Config(width=8, depth=1, batch=64)  # fc2 (32 -> 8) narrows enough for the transposed bf16 wgrad
+    f32 = {g[0][1]: g[2:] for g in step.student_gemms(cfg, "f32") if g[1] == "wgrad"}
+    bf16 = {g[0][1]: g[2:] for g in step.student_gemms(cfg, "bf16") if g[1] == "wgrad"}
+    assert f32 == {"first/fc1": ((64, 8), (64, 32), (0, 0)), "first/fc2": ((64, 32), (64, 8), (0, 0))}
+    assert bf16 == {"first/fc1": ((8, 64), (64, 32), (1, 0)), "first/fc2": ((8, 64), (64, 32), (1, 0))}
+    assert dense.wgrad_transposed(64, 32, 8) and not dense.wgrad_transposed(64, 8, 32)
+    for dtype in step.DTYPES:
+        assert list(map(step.flops, step.student_gemms(CFG, dtype))) == list(map(step.flops, step.student_gemms(CFG)))
+    with pytest.raises(ValueError, match="'f16'"):
+        step.student_gemms(CFG, "f16")
+
+
+@pytest.mark.parametrize("dtype", step.DTYPES)
+def test_gemm_loop_writes_every_product_in_full_and_nothing_else_over_an_operand(dtype):
+    gemms = step.student_gemms(Config(width=8, depth=1, batch=64), dtype)
+    loop, firsts, seconds = step.gemm_loop(gemms, 2, dtype, compiler_options(Config(dot=dtype)))
+    compiled = loop.lower(firsts, seconds).compile().as_text()
+    # the loop body: the GEMMs, in-place one-element updates and a scalar sum; no loop over a whole operand
+    # or product, which would be timed as if it were the GEMM's
+    shapes = {tuple(a.shape) for a in firsts} | {(g[2][1 - g[4][0]], g[3][1 - g[4][1]]) for g in gemms}
+    name = re.search(r" while\(.*?body=%([\w.\-]+)", compiled)[1]
+    body = re.search(rf"^%{re.escape(name)} .*?^}}", compiled, re.M | re.S)[0]
+    assert body.count(" dot(") + body.count("ynn_fusion") >= len(gemms)
+    for line in body.splitlines():
+        m = re.match(r"\s+%(\S+) = \w+\[([\d,]*)\]\S* (fusion|reduce|add|multiply|convert)\(", line)
+        if m and tuple(int(x) for x in m[2].split(",") if x) in shapes:
+            assert "dynamic-update-slice" in m[1] or "ynn" in m[1], line
+    expect = [jax.lax.dot_general(a.at[0, 0].set(0), c, (((g[4][0],), (g[4][1],)), ((), ())), jax.lax.Precision.HIGHEST,
+                                  preferred_element_type=jnp.float32) for g, a, c in zip(gemms, firsts, seconds)]
+    acc, _, outs = loop([np.asarray(a) for a in firsts], seconds)
+    assert np.isfinite(acc) and len(outs) == len(gemms)
+    for got, want in zip(outs, expect):  # the second round's products: one element of each first operand changed
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("recipe,dot,want", [

@@ -15,8 +15,12 @@ GEMMs at this CPU's measured speeds (bf16 dots where both operands hold
 bf16 values and ``dot="bf16"``, float32 dots otherwise; the teacher
 float32) plus the FP32 step's non-GEMM time (the FP32 step minus its
 roofline): what the step would take if quantizing and rounding cost
-nothing beyond FP32's own vector math. Each ``dot`` compiles with its own
-XLA options (``dot="f32"`` turns YNNPACK's fusions off, see
+nothing beyond FP32's own vector math. That part is float32 vector math
+on float32 arrays, so it is no strict lower bound: a step that keeps its
+activations in bf16 (the ``bf16`` recipe, 0.86 x at width 512) can come in
+under it. The GEMMs are timed as the step runs them (:func:`gemm_loop`:
+products written in full, nothing else over an operand). Each ``dot``
+compiles with its own XLA options (``dot="f32"`` turns YNNPACK's fusions off, see
 :func:`mx_proxy.training.engine.compiler_options`), so the GEMMs are timed
 under both, and a step is held against the FP32 step and GEMMs compiled
 like it. The CPU is printed, since the bf16-dot speedup depends on it.
@@ -42,6 +46,7 @@ import numpy as np
 from mx_proxy.cli.bench import machine
 from mx_proxy.cli.bench.options import add_shape
 from mx_proxy.nn.blocks import fc1_width, hidden_width, layer_names
+from mx_proxy.nn.dense import wgrad_transposed
 from mx_proxy.nn.layers import _bf16_exact
 from mx_proxy.numerics import recipe as recipes
 from mx_proxy.training.config import Config
@@ -88,21 +93,31 @@ def step_timer(config: Config, steps: int):
     return run
 
 
-def student_gemms(config: Config) -> list[tuple]:
+def student_gemms(config: Config, dtype: str = "f32") -> list[tuple]:
     """``(layer names, kind, a shape, b shape, contracted axes)`` of every
-    GEMM of one student step, in the layouts :func:`mx_proxy.nn.layers.mx_matmul`
-    gives the bf16 dot: forward ``x (B, I) @ W (I, O)``; dgrad ``g (B, O)``
-    with ``W (I, O)`` over O; wgrad ``xᵀ (I, B) @ g (B, O)`` (its transposed
-    copy made row-major)."""
+    GEMM of one student step, in the layouts :func:`mx_proxy.nn.dense.quantized_matmul`
+    gives the ``dtype`` dot: forward ``x (B, I) @ W (I, O)``; dgrad ``g (B, O)``
+    with ``W (I, O)`` over O; wgrad, for float32 dots, ``x (B, I)`` with
+    ``g (B, O)`` over B, and for bf16 dots ``xᵀ (I, B) @ g (B, O)`` (x's
+    transposed copy) or, for a layer that narrows, ``gᵀ (O, B) @ x (B, I)``
+    (:func:`mx_proxy.nn.dense.wgrad_transposed`)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: expected one of {DTYPES}")
     d, b = config.width, config.batch
     h = hidden_width(d, config.act)
     out = []
     for i in range(config.depth):
         for fc, (n_in, n_out) in (("fc1", (d, fc1_width(h, config.act))), ("fc2", (h, d))):
             names = layer_names(i, config.depth, fc)
+            if dtype == "f32":
+                wgrad = ((b, n_in), (b, n_out), (0, 0))
+            elif wgrad_transposed(b, n_in, n_out):
+                wgrad = ((n_out, b), (b, n_in), (1, 0))
+            else:
+                wgrad = ((n_in, b), (b, n_out), (1, 0))
             out += [(names, "fwd", (b, n_in), (n_in, n_out), (1, 0)),
                     (names, "dgrad", (b, n_out), (n_in, n_out), (1, 1)),
-                    (names, "wgrad", (n_in, b), (b, n_out), (1, 0))]
+                    (names, "wgrad", *wgrad)]
     return out
 
 
@@ -119,28 +134,54 @@ def flops(gemm) -> int:
     return 2 * a[1 - ka] * a[ka] * c[1 - kb]
 
 
-def gemm_timer(gemms: list, steps: int, dtype: str, options: dict | None = None):
-    """A callable running ``gemms`` ``steps`` times, float32 dots at HIGHEST
-    precision or bf16 x bf16 -> float32 dots; nothing else but a scalar
-    carry that feeds every operand and consumes every output, so XLA can
-    neither hoist the GEMMs out of the loop nor shrink them. ``options``:
-    XLA compiler options (those of the step it stands for)."""
+def gemm_loop(gemms: list, steps: int, dtype: str, options: dict | None = None):
+    """``(loop, firsts, seconds)``: ``loop(firsts, seconds)`` runs ``gemms``
+    ``steps`` times, float32 dots at HIGHEST precision or bf16 x bf16 ->
+    float32 dots, on each GEMM's first and second operand (random normal,
+    in the layouts :func:`student_gemms` gives), and returns ``(acc, firsts,
+    products)``, the first operands as the last round left them.
+
+    Each round writes a scalar carry into element ``[0, 0]`` of every first
+    operand (in place) and adds every product's element ``[0, 0]`` to it, so
+    XLA can neither hoist the GEMMs out of the loop nor shrink them, while
+    every product is written out in full, as the step writes it. Nothing
+    else touches a whole operand or product: an elementwise pass over each
+    operand and a sum over each product, which an earlier version used,
+    were fused into the GEMMs or ran beside them (with YNNPACK, float32 GEMMs
+    then took 16 % longer than in the step, bf16 ones 12 % less)."""
     key = jax.random.key(0)
     dt = jnp.float32 if dtype == "f32" else jnp.bfloat16
-    operands = [(jax.random.normal(key, a).astype(dt), jax.random.normal(key, c).astype(dt)) for _, _, a, c, _ in gemms]
+    firsts = [jax.random.normal(key, a).astype(dt) for _, _, a, _, _ in gemms]
+    seconds = [jax.random.normal(key, c).astype(dt) for _, _, _, c, _ in gemms]
     dims = [(((ka,), (kb,)), ((), ())) for *_, (ka, kb) in gemms]
     precision = jax.lax.Precision.HIGHEST if dtype == "f32" else None
 
-    @functools.partial(jax.jit, compiler_options=options)
-    def run(ops):
-        def body(acc, _):
-            outs = [jax.lax.dot_general(a + acc.astype(dt), c, dn, precision=precision,
-                                        preferred_element_type=jnp.float32) for (a, c), dn in zip(ops, dims)]
-            return acc + sum(jnp.sum(o) for o in outs) * 1e-30, None
+    def body(_, carry):
+        acc, firsts, _, seconds = carry
+        firsts = [jax.lax.dynamic_update_slice(a, jnp.full((1, 1), acc, dt), (0, 0)) for a in firsts]
+        outs = [jax.lax.dot_general(a, c, dn, precision=precision, preferred_element_type=jnp.float32)
+                for a, c, dn in zip(firsts, seconds, dims)]
+        return acc + sum(o[0, 0] for o in outs) * 1e-30, firsts, outs, seconds
 
-        return jax.lax.scan(body, jnp.float32(0), None, length=steps)[0]
+    @functools.partial(jax.jit, compiler_options=options, donate_argnums=0)
+    def loop(firsts, seconds):
+        outs = [jnp.zeros((a.shape[1 - ka], c.shape[1 - kb]), jnp.float32)
+                for a, c, (((ka,), (kb,)), _) in zip(firsts, seconds, dims)]
+        return jax.lax.fori_loop(0, steps, body, (jnp.float32(0), firsts, outs, seconds))[:3]
 
-    return lambda: jax.block_until_ready(run(operands))
+    return loop, firsts, seconds
+
+
+def gemm_timer(gemms: list, steps: int, dtype: str, options: dict | None = None):
+    """A blocking callable running :func:`gemm_loop` once (``steps`` rounds of
+    ``gemms``), its first operands carried from call to call."""
+    loop, firsts, seconds = gemm_loop(gemms, steps, dtype, options)
+    held = [firsts]
+
+    def run():
+        held[0] = jax.block_until_ready(loop(held[0], seconds))[1]
+
+    return run
 
 
 def gemm_dtype(recipe, names, kind: str, dot: str) -> str:
@@ -208,7 +249,8 @@ def main(argv=None) -> int:
                 if dt == "f32" or d == "bf16"}
     for (d, dt), options in compiled.items():
         for kind in KINDS:
-            fns["gemm", d, dt, kind] = gemm_timer([g for g in student if g[1] == kind], args.steps, dt, options)
+            fns["gemm", d, dt, kind] = gemm_timer([g for g in student_gemms(base, dt) if g[1] == kind], args.steps,
+                                                  dt, options)
         if dt == "f32":
             fns["teacher", d] = gemm_timer(teacher_gemms(base), args.steps, "f32", options)
     samples = {k: v / args.steps for k, v in interleaved_times(fns, args.repeats).items()}
