@@ -53,8 +53,8 @@ def test_gemm_loop_writes_every_product_in_full_and_nothing_else_over_an_operand
     # the loop: the GEMMs, in-place one-element updates and scalar arithmetic; no operation over a whole
     # operand or product beside the GEMMs, which XLA would fuse into them or run beside them and time as theirs
     shapes = {tuple(a.shape) for a in firsts} | {(g[2][1 - g[4][0]], g[3][1 - g[4][1]]) for g in gemms}
-    (scan,) = [e for e in loop.trace(firsts, seconds).jaxpr.eqns if e.primitive.name == "scan"]
-    body = scan.params["jaxpr"].jaxpr.eqns
+    (rounds,) = [e for e in loop.trace(firsts, seconds).jaxpr.eqns if e.primitive.name in ("scan", "while")]
+    body = rounds.params.get("jaxpr", rounds.params.get("body_jaxpr")).jaxpr.eqns
     def whole(vs):
         return any(tuple(getattr(v.aval, "shape", ())) in shapes for v in vs)
 
