@@ -24,7 +24,16 @@ from mx_proxy.cli.help import cli_message
 from mx_proxy.cli.list_command import add_list_command
 from mx_proxy.cli.parser import Parser
 from mx_proxy.cli.track_options import add_track_options, tracking_from_args
-from mx_proxy.experiments import campaign, campaign_status, ensemble_report, ensemble_result, report, scales, tracking
+from mx_proxy.experiments import (
+    campaign,
+    campaign_status,
+    ensemble_pool,
+    ensemble_report,
+    ensemble_result,
+    report,
+    scales,
+    tracking,
+)
 from mx_proxy.experiments.ensemble_spec import results_folder
 from mx_proxy.experiments.executors import UnitsFailed
 from mx_proxy.runner import loop as runner
@@ -128,12 +137,15 @@ def _report(args) -> int:
             return 0
         if not args.results:
             args.parser.error("give a results folder (e.g. results/paper) or --update FILE ...")
-        if args.figures and not ensemble_report.is_ensemble(args.results):
-            args.parser.error(f"--figures draws an ensemble's figures (survival, blow-up rates, ...); "
-                              f"{args.results!r} is not an ensemble's results folder (no ensemble.json)")
-        print(report.for_folder(args.results, parts=args.only, control=args.control), end="")
+        for folder in args.results if args.figures else ():
+            if not ensemble_report.is_ensemble(folder):
+                args.parser.error(f"--figures draws an ensemble's figures (survival, blow-up rates, ...); "
+                                  f"{folder!r} is not an ensemble's results folder (no ensemble.json)")
+        one = args.results[0] if len(args.results) == 1 else None
+        print(report.for_folder(one or args.results, parts=args.only, control=args.control), end="")
         if args.figures:
-            write_figures(ensemble_result.load(args.results), args.figures, results_folder(args.results))
+            result = ensemble_pool.pool([ensemble_result.load(f) for f in args.results])
+            write_figures(result, args.figures, results_folder(one) if one else None)
     except (ValueError, OSError) as err:
         args.parser.error(cli_message(str(err)))
     return 0
@@ -191,8 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "gaps and the warning signals' scores. With --update, rewrite each block "
                     f"between `{report.BEGIN.format('FOLDER')}` and `{report.END}` in the given Markdown files "
                     "from its folder.")
-    rep.add_argument("results", nargs="?", help="a results folder (OUT/results of a campaign or an ensemble, e.g. "
-                                                "results/paper)")
+    rep.add_argument("results", nargs="*", help="a results folder (OUT/results of a campaign or an ensemble, e.g. "
+                                                "results/paper), or several ensembles' folders whose members "
+                                                "differ only in their seeds, which follow on: reported pooled as "
+                                                "one ensemble")
     rep.add_argument("--update", nargs="+", metavar="FILE", help="Markdown files whose report blocks to rewrite")
     rep.add_argument("--only", nargs="+", metavar="PART", choices=ensemble_report.PARTS,
                      help=f"an ensemble's results: print only these sections after its header (valid: "

@@ -9,11 +9,12 @@ regenerated from it like a campaign's (:mod:`mx_proxy.experiments.report`).
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pandas as pd
 
-from mx_proxy.experiments import analysis, ensemble_result, power, signals, stats
+from mx_proxy.experiments import analysis, ensemble_pool, ensemble_result, power, signals, stats
 from mx_proxy.experiments.ensemble import HISTORY, TWIN
 from mx_proxy.experiments.ensemble_result import RULE
 from mx_proxy.experiments.ensemble_spec import read_history, results_folder
@@ -267,12 +268,17 @@ def _rule(result) -> list[str]:
 
 def for_folder(folder, parts=PARTS, control: str | None = None) -> str:
     """:func:`markdown` of the ensemble whose results are in ``folder``, naming it (the sections ``parts``; the
-    paired tests against ``control``, default the first arm)."""
+    paired tests against ``control``, default the first arm). ``folder`` may be a list of folders: their
+    ensembles pooled as one (:func:`mx_proxy.experiments.ensemble_pool.pool`), named in seed order."""
     parts = check_parts(parts)
-    result = ensemble_result.load(folder)
+    folders = [folder] if isinstance(folder, (str, os.PathLike)) else list(folder)
+    if not folders:
+        raise ValueError("no ensemble results folder given")
+    result = ensemble_pool.pool([ensemble_result.load(f) for f in folders])
     if control is not None:
         result = result.against(control)
-    hist = read_history(folder)
+    hist = read_history(folders[0]) if len(folders) == 1 else None  # pooled ensembles are never branch ensembles
     if not len(result.table):
-        raise ValueError(f"ensemble {result.spec.name!r} in {folder} has no exported member yet")
-    return markdown(result, source=str(folder), history=hist, parts=parts)
+        raise ValueError(f"ensemble {result.spec.name!r} in {' + '.join(map(str, folders))} has no exported member "
+                         f"yet")
+    return markdown(result, source=" + ".join(map(str, folders)), history=hist, parts=parts)

@@ -208,36 +208,51 @@ def _replay_notes(children: list[Run]) -> list[str]:
 
 def _block_pattern() -> re.Pattern:
     head, tail = (re.escape(part) for part in BEGIN.split("{}"))
-    return re.compile(rf"^{head}(\S+(?: --only(?: [a-z_]+)+)?(?: --control \S+)?){tail}\n(.*?)^{re.escape(END)}$",
-                      re.M | re.S)
+    return re.compile(rf"^{head}(\S+(?: [^\s-]\S*)*(?: --only(?: [a-z_]+)+)?(?: --control \S+)?){tail}\n(.*?)"
+                      rf"^{re.escape(END)}$", re.M | re.S)
 
 
 def blocks(text: str) -> list[tuple[str, str]]:
     """The report blocks of a Markdown text: ``(arguments, body)`` for each
     ``BEGIN`` line and the next ``END`` line, each marker a line of its own.
     The arguments are those of ``mx-proxy report`` that print the block: a
-    results folder, for an ensemble's optionally ``--only PART …`` and
-    ``--control ARM`` (:func:`for_block`); the body is what lies between the
-    markers."""
+    results folder (or several ensembles' folders, pooled), for an ensemble's
+    optionally ``--only PART …`` and ``--control ARM`` (:func:`for_block`);
+    the body is what lies between the markers."""
     return [(m.group(1), m.group(2).strip("\n") + "\n") for m in _block_pattern().finditer(text)]
 
 
 def for_block(arguments: str) -> str:
-    """The report a block's ``arguments`` (``FOLDER``, then optionally ``--only PART …`` and ``--control ARM``)
+    """The report a block's ``arguments`` (``FOLDER …``, then optionally ``--only PART …`` and ``--control ARM``)
     name, as ``mx-proxy report`` with those arguments prints it."""
-    folder, *rest = arguments.split()
+    words = arguments.split()
+    at = next((i for i, w in enumerate(words) if w.startswith("--")), len(words))
+    folders, rest = words[:at], words[at:]
     control = None
     if "--control" in rest:
         at = rest.index("--control")
         control, rest = rest[at + 1], rest[:at]
-    return for_folder(folder, parts=rest[1:] if rest else None, control=control)
+    return for_folder(folders[0] if len(folders) == 1 else folders, parts=rest[1:] if rest else None, control=control)
 
 
-def for_folder(results: str | os.PathLike, parts=None, control: str | None = None) -> str:
+def for_folder(results, parts=None, control: str | None = None) -> str:
     """:func:`markdown` of the results folder ``results``, naming it (an
     ensemble's folder: :func:`mx_proxy.experiments.ensemble_report.for_folder`,
     its sections ``parts``, default all, its paired tests against the arm
-    ``control``, default the first; a campaign's report has neither)."""
+    ``control``, default the first; a campaign's report has neither).
+    ``results`` may be a list of ensembles' folders, reported pooled as one
+    (:mod:`mx_proxy.experiments.ensemble_pool`)."""
+    if not isinstance(results, (str, os.PathLike)):
+        folders = list(results)
+        if len(folders) != 1:
+            if not folders:
+                raise ValueError("no results folder given")
+            bad = [str(f) for f in folders if not ensemble_report.is_ensemble(f)]
+            if bad:
+                raise ValueError(f"only ensembles' results pool into one report; not an ensemble's results folder "
+                                 f"(no ensemble.json): {', '.join(map(repr, bad))}")
+            return ensemble_report.for_folder(folders, ensemble_report.PARTS if parts is None else parts, control)
+        results = folders[0]
     path = Path(results)
     if ensemble_report.is_ensemble(path):
         return ensemble_report.for_folder(path, ensemble_report.PARTS if parts is None else parts, control)
