@@ -15,6 +15,7 @@ The public API a notebook sees::
     ens.rates()                   # P(blow-up) per arm, Clopper–Pearson 95 % intervals;
                                   # ens.paired_tests(), ens.survival(arm)
     mxp.plots.survival(ens)       # Kaplan–Meier curves per arm with their bands
+    both = mxp.pool_ensembles([mxp.load_ensemble(a), mxp.load_ensemble(b)])  # seeds 1–8 and 9–16 as one ensemble
     mxp.power.pairs_needed(0.125, 0.375)   # 53: the pairs McNemar's test needs to tell 1 in 8 from 3 in 8 (80 %)
 
     spec = mxp.MXSpec("fp8_e4m3")           # block 32, OCP floor scale, ties to even
@@ -51,6 +52,7 @@ _LAZY = {
     'explore': ('mx_proxy.viz.explore', 'explore'),
     'ensemble': ('mx_proxy.experiments.ensemble_train', 'ensemble'),
     'load_ensemble': ('mx_proxy.experiments.ensemble_result', 'load'),
+    'pool_ensembles': ('mx_proxy.experiments.ensemble_pool', 'pool'),
     'Ensemble': ('mx_proxy.experiments.ensemble', 'Ensemble'),
     'MITIGATIONS': ('mx_proxy.numerics.recipe', 'MITIGATIONS'),
     'MXSpec': ('mx_proxy.numerics.quantize', 'MXSpec'),
@@ -72,7 +74,8 @@ _LAZY = {
     'track': ('mx_proxy.experiments.tracking', 'track'),
 }
 
-__all__ = ['formats', 'recipes', 'Config', 'ElementFormat', 'GNMR', 'explore', 'ensemble', 'load_ensemble', 'Ensemble',
+__all__ = ['formats', 'recipes', 'Config', 'ElementFormat', 'GNMR', 'explore', 'ensemble', 'load_ensemble',
+           'pool_ensembles', 'Ensemble',
            'MITIGATIONS', 'MXSpec', 'NVFP4', 'QuantStats', 'Recipe', 'Run', 'Sweep', 'intervene', 'load', 'mitigate',
            'quantize', 'quantize_stats', 'sweep', 'train', 'with_checkpoint', 'plots', 'power', 'track', '__version__']
 

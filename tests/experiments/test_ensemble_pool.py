@@ -59,7 +59,7 @@ def test_pooling_keeps_members_not_exported_yet_and_the_first_ensembles_arm_orde
     assert [r is None for r in pooled.runs["fp32"]] == [False, False, False, True]
     assert pooled.table.groupby("arm").size().to_dict() == {"fp32": 3, "paper_e4m3": 4}
     only = _result(_spec("a", 1, 2))
-    assert ensemble_pool.pool([only]) is only
+    assert ensemble_pool.pool([only]) is only and mxp.pool_ensembles is ensemble_pool.pool
 
 
 @pytest.mark.parametrize("second,match", [
