@@ -141,11 +141,10 @@ def _report(args) -> int:
             if not ensemble_report.is_ensemble(folder):
                 args.parser.error(f"--figures draws an ensemble's figures (survival, blow-up rates, ...); "
                                   f"{folder!r} is not an ensemble's results folder (no ensemble.json)")
-        one = args.results[0] if len(args.results) == 1 else None
-        print(report.for_folder(one or args.results, parts=args.only, control=args.control), end="")
+        print(report.for_folder(args.results, parts=args.only, control=args.control), end="")
         if args.figures:
             result = ensemble_pool.pool([ensemble_result.load(f) for f in args.results])
-            write_figures(result, args.figures, results_folder(one) if one else None)
+            write_figures(result, args.figures, results_folder(args.results[0]) if len(args.results) == 1 else None)
     except (ValueError, OSError) as err:
         args.parser.error(cli_message(str(err)))
     return 0

@@ -272,8 +272,6 @@ def for_folder(folder, parts=PARTS, control: str | None = None) -> str:
     ensembles pooled as one (:func:`mx_proxy.experiments.ensemble_pool.pool`), named in seed order."""
     parts = check_parts(parts)
     folders = [folder] if isinstance(folder, (str, os.PathLike)) else list(folder)
-    if not folders:
-        raise ValueError("no ensemble results folder given")
     result = ensemble_pool.pool([ensemble_result.load(f) for f in folders])
     if control is not None:
         result = result.against(control)

@@ -232,7 +232,7 @@ def for_block(arguments: str) -> str:
     if "--control" in rest:
         at = rest.index("--control")
         control, rest = rest[at + 1], rest[:at]
-    return for_folder(folders[0] if len(folders) == 1 else folders, parts=rest[1:] if rest else None, control=control)
+    return for_folder(folders, parts=rest[1:] if rest else None, control=control)
 
 
 def for_folder(results, parts=None, control: str | None = None) -> str:
