@@ -16,6 +16,7 @@ same folder resumes it (other settings are refused, naming what differs).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -35,8 +36,9 @@ from mx_proxy.viz import plots
 __all__ = ["add_ensemble_command"]
 
 
-def _spec(args) -> _ens.Ensemble | None:
-    """The spec the options ask for, or ``None`` when they ask for none (resume the saved one)."""
+def _spec(args, out: Path) -> _ens.Ensemble | None:
+    """The spec the options ask for, or ``None`` when they ask for none (resume the saved one); checked whole
+    before anything is written (a branch state is written only once its spec is valid)."""
     given = [a for a in ("kind", "arms", "members", "horizon") if getattr(args, a) is not None]
     if not given:
         if config_changes(args):
@@ -46,36 +48,37 @@ def _spec(args) -> _ens.Ensemble | None:
     if missing:
         args.parser.error(f"a new ensemble needs {', '.join(missing)} too (or none of them, to resume the one in "
                           f"--out)")
-    name = args.name or Path(args.out).expanduser().resolve().name
+    name = args.name or out.name
     extra = dict(first_seed=args.first_seed, diagnostics_every=args.ens_diagnostics_every,
                  checkpoint_every=args.ens_checkpoint_every)
     if args.kind == "branch":
-        if args.branch_at is None or (args.branch_from is None and not _has_branch(args.out)):
+        bdir = out / "branch"
+        if args.branch_at is None or (args.branch_from is None and not branch.exists(bdir)):
             args.parser.error("--kind branch needs --branch-at and --branch-from (a stored run's folder or a branch "
                               "state's folder)")
         if config_changes(args):
             args.parser.error(f"a branch ensemble takes its config from the branch state; drop "
                               f"{', '.join('--' + k.replace('_', '-') for k in config_changes(args))}")
-        bdir = Path(args.out).expanduser() / "branch"
+        if args.reference is not None:
+            branch.check_reference(args.reference)
+        base = branch.read(bdir).config if branch.exists(bdir) else branch.source_config(args.branch_from)
+        spec = _ens.Ensemble(name, "branch", base, tuple(args.arms), args.members, args.horizon,
+                             branch_at=args.branch_at, epsilon=args.epsilon, **extra)
         if not branch.exists(bdir):
             branch.write(args.branch_from, args.branch_at, bdir, reference=args.reference)
-        base = branch.read(bdir).config
-        return _ens.Ensemble(name, "branch", base, tuple(args.arms), args.members, args.horizon,
-                             branch_at=args.branch_at, epsilon=args.epsilon, **extra)
+            base = branch.read(bdir).config
+            spec = dataclasses.replace(spec, base=base) if base != spec.base else spec
+        return spec
     if args.branch_from or args.branch_at is not None or args.epsilon:
         args.parser.error(f"--branch-from, --branch-at and --epsilon belong to --kind branch, not {args.kind}")
     base = Config().replace(**config_changes(args))
     return _ens.Ensemble(name, args.kind, base, tuple(args.arms), args.members, args.horizon, **extra)
 
 
-def _has_branch(out) -> bool:
-    return branch.exists(Path(out).expanduser() / "branch")
-
-
-def _status(args) -> int:
+def _status(args, out: Path) -> int:
     """``--status``: each arm's members done and left, then (``--executor slurm``) each unit's job and log."""
-    units = ensemble_status.jobs(args.out)
-    table = ensemble_status.with_jobs(ensemble_status.status(args.out), units, args.out)
+    units = ensemble_status.jobs(out)
+    table = ensemble_status.with_jobs(ensemble_status.status(out), units, out)
     with pd.option_context("display.width", 200, "display.max_columns", None, "display.float_format", "{:.4g}".format):
         print(table.to_string(index=False))
     left = table["member_steps_left"].sum()
@@ -116,18 +119,20 @@ def write_figures(result: ensemble_result.EnsembleResult, folder, results) -> li
 
 
 def _run(args) -> int:
-    out = Path(args.out).expanduser()
+    out = Path(args.out)
     try:
+        out = _ens.ensemble_folder(args.out)  # once, for training and --status alike
         if args.status:
-            return _status(args)
-        spec = _spec(args) or _ens.read_spec(out)
+            return _status(args, out)
+        figures = durable.checked_path(args.figures, "--figures", folder=True) if args.figures else None
+        spec = _spec(args, out) or _ens.read_spec(out)
         executor = executor_from_args(args, out / "slurm", jobs=args.jobs)
         with tracking.active(tracking_from_args(args, out / "runs", spec.name)):
             _ens.run(spec, out, group_size=args.group_size, executor=executor, progress=not args.quiet)
         result = ensemble_result.load(out / "results")
         print(ensemble_report.for_folder(out / "results"), end="")
-        if args.figures:
-            write_figures(result, args.figures, out / "results")
+        if figures is not None:
+            write_figures(result, figures, out / "results")
     except UnitsFailed as err:
         return report_failures("ensemble", err)
     except (ValueError, TypeError, OSError) as err:

@@ -76,21 +76,27 @@ def config_help(name: str, *, multi: bool = False) -> str:
 
 
 _FIELDS = sorted(Config.field_names(), key=len, reverse=True)
-_WORDS = re.compile(r"(?<![\w'\"`])(?P<field>" + "|".join(_FIELDS)
-                    + r")=(?P<value>\([^)]*\)|'[^']*'|\"[^\"]*\"|[\w.+-]+)"
-                    r"|(?<![\w\-\"'])(?P<bare>" + "|".join([f for f in _FIELDS if "_" in f] + ["at_step"])
-                    + r")(?![\w=(])")
+_WORDS = re.compile(
+    r"(?<![\w'\"`/])(?P<field>" + "|".join(_FIELDS) + r")=(?P<value>\([^)]*\)|'[^']*'|\"[^\"]*\"|[\w.+-]+)"
+    # quoted text, a path, the choices after "valid:": quoted as they are
+    r"|(?P<verbatim>'[^']*'|\"[^\"]*\"|`[^`]*`|[^\s'\"`(),;]*[/\\~][^\s'\"`,;]*"
+    r"|\bvalid: .*?(?=; |\.\s|\.$|\n|$))"
+    r"|(?<![\w\-\"'])(?P<bare>" + "|".join([f for f in _FIELDS if "_" in f] + ["at_step"]) + r")(?![\w=(])")
 
 
 def cli_message(message: str) -> str:
     """An API error message in the command line's words: ``checkpoint_at=(1500,)``
     → ``--checkpoint-at 1500``, ``paired_run=True`` → ``--paired-run true``,
     ``diagnostics_every`` → ``--diagnostics-every`` (field names with an
-    underscore; a plain word such as "steps" is left alone). A quoted
-    ``'adam_eps=1e-15'`` stays as it is: it names an ensemble arm, written so
-    on the command line too."""
+    underscore; a plain word such as "steps" is left alone). What a message
+    quotes stays as it is: quoted text (``'adam_eps=1e-15'`` names an
+    ensemble arm, written so on the command line too), a path
+    (``/tmp/quant_stats``) and the choices listed after ``valid:`` (a figure
+    named ``quant_stats``)."""
 
     def word(m):
+        if m.group("verbatim"):
+            return m.group("verbatim")
         if m.group("bare"):
             return flag(m.group("bare"))
         value = m.group("value").strip("'\"")

@@ -6,6 +6,7 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 
 import pandas as pd
 
@@ -37,6 +38,7 @@ from mx_proxy.experiments import (
 from mx_proxy.experiments.ensemble_spec import results_folder
 from mx_proxy.experiments.executors import UnitsFailed
 from mx_proxy.runner import loop as runner
+from mx_proxy.store import durable
 from mx_proxy.viz.figures import FIGURE_DOCS, FIGURES, campaign_figures, default_dir, generate
 
 
@@ -77,14 +79,16 @@ def _figures(args) -> int:
 
 
 def _campaign(args) -> int:
-    if args.status:
-        return _campaign_status(args)
     try:
-        executor = executor_from_args(args, os.path.join(args.out, "slurm"), store=not args.no_store)
-        track = tracking_from_args(args, None if args.no_store else os.path.join(args.out, "runs"),
+        out = durable.checked_path(args.out, "campaign folder", folder=True)  # once, for training and --status
+        if args.status:
+            return _campaign_status(args, out)
+        figures = durable.checked_path(args.figures, "--figures", folder=True) if args.figures else None
+        executor = executor_from_args(args, os.path.join(out, "slurm"), store=not args.no_store)
+        track = tracking_from_args(args, None if args.no_store else os.path.join(out, "runs"),
                                    f"campaign-{args.scale}")
         with tracking.active(track):
-            index = campaign.run(args.scale, args.out, kinds=args.only or campaign.KINDS, widths=args.widths,
+            index = campaign.run(args.scale, out, kinds=args.only or campaign.KINDS, widths=args.widths,
                                  seeds=args.seeds, progress=not args.quiet, store=not args.no_store,
                                  estimate=args.estimate, executor=executor)
     except ValueError as err:
@@ -100,19 +104,19 @@ def _campaign(args) -> int:
     if len(index):
         cols = ["label", "diverged_at", "final_loss", "steps_run", "wall_time_s"]
         print(index[cols].to_string(index=False))
-    print(f"results: {args.out}/results (index.csv)" + ("" if args.no_store else f"; run store: {args.out}/runs"))
-    if args.figures:
-        for path in campaign_figures(f"{args.out}/results", out=args.figures):
+    print(f"results: {out / 'results'} (index.csv)" + ("" if args.no_store else f"; run store: {out / 'runs'}"))
+    if figures is not None:
+        for path in campaign_figures(out / "results", out=figures):
             print(f"figure: {path}")
     return 0
 
 
-def _campaign_status(args) -> int:
+def _campaign_status(args, out) -> int:
     """``mx-proxy campaign --status``: where each planned run stands (trains nothing)."""
     try:
-        table = campaign_status.status(args.scale, args.out, widths=args.widths, seeds=args.seeds,
+        table = campaign_status.status(args.scale, out, widths=args.widths, seeds=args.seeds,
                                        kinds=[k for k in (args.only or campaign.KINDS) if k != "intervention"])
-        units = campaign_status.jobs(args.out)
+        units = campaign_status.jobs(out)
         table = campaign_status.with_jobs(table, units)
     except ValueError as err:
         args.parser.error(cli_message(str(err)))
@@ -141,6 +145,8 @@ def _report(args) -> int:
             if not ensemble_report.is_ensemble(folder):
                 args.parser.error(f"--figures draws an ensemble's figures (survival, blow-up rates, ...); "
                                   f"{folder!r} is not an ensemble's results folder (no ensemble.json)")
+        if args.figures:
+            durable.checked_path(args.figures, "--figures", folder=True)  # before the report is computed
         print(report.for_folder(args.results, parts=args.only, control=args.control), end="")
         if args.figures:
             result = ensemble_pool.pool([ensemble_result.load(f) for f in args.results])
@@ -261,8 +267,25 @@ def headless_backend() -> None:
     matplotlib.use("Agg")
 
 
+def _one_line_warnings() -> None:
+    """The project's own warnings (a results folder's copies set aside, a damaged store entry, a tracker that
+    cannot be reached) as one line each, ``mx-proxy: warning: …``, without the source line Python adds."""
+    default = warnings.formatwarning
+    if getattr(default, "one_line", False):
+        return
+
+    def format_warning(message, category, filename, lineno, line=None):
+        if category.__module__.startswith("mx_proxy."):
+            return f"mx-proxy: warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+
+    format_warning.one_line = True
+    warnings.formatwarning = format_warning
+
+
 def main(argv: list[str] | None = None) -> int:
     headless_backend()
+    _one_line_warnings()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

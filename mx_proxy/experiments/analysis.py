@@ -211,11 +211,16 @@ def unstable_after(run: Run, step: int = 0, measures: dict | None = None) -> int
     orders of magnitude in a few steps, each below the engine's one-step
     ``spike_factor``, and train on, even recover part of the way before it
     diverges) and the engine's ``diverged_at`` (a non-finite loss, which no
-    10× comparison sees); ``None`` if neither. An intervention's ``step``
+    10× comparison sees) or, where a run's metrics hold one its engine did
+    not stop at, its first non-finite loss (the rule's divergence, whichever
+    file it was read from); ``None`` if none. An intervention's ``step``
     leaves out what it inherited from its parent. ``measures``:
     :func:`instability` of ``run``, if already computed."""
     blowup = next((b for b in (measures or instability(run))["blowups"] if b >= step), None)
-    onsets = [s for s in (blowup, run.diverged_at) if s is not None and s >= step]
+    m = run.metrics
+    bad = m["step"][(m["step"] >= step) & ~np.isfinite(m["loss"].to_numpy(dtype=float))]
+    nonfinite = int(bad.iloc[0]) if len(bad) else None
+    onsets = [s for s in (blowup, run.diverged_at, nonfinite) if s is not None and s >= step]
     return min(onsets) if onsets else None
 
 

@@ -26,12 +26,14 @@ import pandas as pd
 
 from mx_proxy.runner import interventions
 from mx_proxy.store import checkpoint as ckpt
+from mx_proxy.store import files
 from mx_proxy.store import run_store as _store
 from mx_proxy.training.config import Config
 from mx_proxy.training.engine import TrainState, dynamic_for, program_for
+from mx_proxy.training.paths import checked_path
 from mx_proxy.training.result import Run
 
-__all__ = ["Branch", "write", "read", "exists", "perturb", "compare_losses"]
+__all__ = ["Branch", "write", "read", "exists", "perturb", "compare_losses", "source_config", "check_reference"]
 
 
 @dataclasses.dataclass
@@ -78,6 +80,36 @@ def compare_losses(metrics: pd.DataFrame, reference, step: int, file: str = "met
     return {"reference": str(reference), "identical": first is None, "first_difference": first, "columns": cols}
 
 
+def source_config(source) -> Config:
+    """The config a branch from ``source`` continues (what :func:`write` would read), without reading its
+    state: a :class:`Run`'s, a stored run's folder's (its ``config.json``, verified) or a branch state's
+    folder's (its meta's). Lets a caller check what it builds on the state before anything is written."""
+    if isinstance(source, Run):
+        return source.config
+    if not isinstance(source, (str, Path)):
+        raise TypeError(f"a branch source is a mxp.Run, a stored run's folder or a branch state's folder, got "
+                        f"{type(source).__name__}")
+    folder = checked_path(source, "branch source", folder=True)
+    if exists(folder):
+        meta = ckpt.meta(folder, _only_step(folder)).get("branch")
+        if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
+            raise ValueError(f"{str(folder)!r} holds a checkpoint without branch provenance: not a branch state")
+        return Config.from_dict(meta["config"])
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"branch source {str(source)!r} is neither a stored run's folder (runs/<key>, with a "
+                         f"config.json) nor a branch state's folder")
+    return files.read_config(folder / "config.json")
+
+
+def check_reference(reference) -> Path:
+    """``reference`` as an exported run's folder (one holding ``metrics.parquet``), or a ValueError quoting it."""
+    folder = checked_path(reference, "--reference", folder=True)
+    if not (folder / "metrics.parquet").is_file():
+        raise ValueError(f"--reference {str(reference)!r} is not an exported run's folder (results/<label>, with "
+                         f"a metrics.parquet)")
+    return folder
+
+
 def write(source, step: int, folder, *, reference=None) -> Path:
     """Write the state of ``source`` at ``step`` as a branch state in ``folder``.
 
@@ -89,6 +121,7 @@ def write(source, step: int, folder, *, reference=None) -> Path:
     to compare the state's loss history with, recorded in the meta.
     """
     folder = Path(folder)
+    reference = check_reference(reference) if reference is not None else None  # before any replay
     if isinstance(source, (str, Path)) and exists(source):
         if Path(source).resolve() != folder.resolve():
             shutil.copytree(source, folder, dirs_exist_ok=False)

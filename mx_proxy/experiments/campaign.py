@@ -37,7 +37,7 @@ from pathlib import Path
 import jax
 import pandas as pd
 
-from mx_proxy.experiments import analysis, campaign_units, executors
+from mx_proxy.experiments import analysis, campaign_units, executors, result_folders
 from mx_proxy.experiments import scales as _scales
 from mx_proxy.runner import interventions
 from mx_proxy.runner import loop as runner
@@ -152,29 +152,26 @@ def export(run_: Run, label: str, kind: str, results: str | os.PathLike) -> Path
 
 def results_index(results: str | os.PathLike) -> pd.DataFrame:
     """One row per exported run of a results folder (from each ``run.json``
-    and ``config.json``), sorted by label."""
-    rows = []
-    for meta_file in sorted(Path(results).glob("*/run.json")):
-        meta = json.loads(meta_file.read_text())
-        cfg = Config.from_dict(json.loads((meta_file.parent / "config.json").read_text()))
-        rows.append({"label": meta["label"], "kind": meta["kind"], "recipe": cfg.recipe.name,
-                     "reference": cfg.reference_recipe.name if cfg.has_paired_run else None,
-                     "width": cfg.width, "depth": cfg.depth, "batch": cfg.batch, "lr": cfg.lr, "seed": cfg.seed,
-                     "steps": cfg.steps, "steps_run": meta["steps_run"], "diverged_at": meta["diverged_at"],
-                     "final_loss": meta["final_loss"], "wall_time_s": meta["wall_time_s"],
-                     "code_version": meta["code_version"], "git_commit": meta.get("git_commit"),
-                     "device": meta.get("device")})
-    df = pd.DataFrame(rows)
-    if len(df):
-        df["diverged_at"] = df["diverged_at"].astype("Int64")
-    return df
+    and ``config.json``), sorted by label; copies, foreign and damaged
+    folders are ignored, named in one warning (:func:`mx_proxy.experiments.result_folders.index`)."""
+    return result_folders.index(results)
 
 
 def load_results(results: str | os.PathLike, kinds: Iterable[str] = KINDS) -> list[Run]:
     """The exported runs of a results folder (``kinds`` only), as :class:`Run`
-    objects without parameters; ``info`` holds the ``run.json`` fields."""
+    objects without parameters; ``info`` holds the ``run.json`` fields. Only
+    folders that hold their own label's run count
+    (:func:`mx_proxy.experiments.result_folders.scan`); a copy, a foreign or a
+    damaged one is ignored, named in one warning, and the rest are read."""
     kinds = _check_kinds(kinds)
-    runs = [load_result(meta_file.parent) for meta_file in sorted(Path(results).glob("*/run.json"))]
+    found = result_folders.scan(results)
+    runs, ignored = [], list(found.ignored)
+    for folder, _ in found.found.values():
+        try:
+            runs.append(load_result(folder))
+        except files.EntryError as e:
+            ignored.append((folder, str(e)))
+    result_folders.warn(ignored, results)
     return [r for r in runs if r.info["kind"] in kinds]
 
 

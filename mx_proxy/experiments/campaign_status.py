@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mx_proxy.experiments import analysis
+from mx_proxy.experiments import analysis, result_folders
 from mx_proxy.experiments import campaign as _campaign
 from mx_proxy.experiments import scales as _scales
 from mx_proxy.experiments.executors import slurm as _slurm
@@ -79,6 +79,28 @@ def _seconds_per_step(folder: Path) -> float:
     return min(rates) if rates else float("nan")
 
 
+def _exported(folder: Path, entry, ignored: list) -> Run | None:
+    """The planned run ``entry`` as exported in ``folder`` (its label's), if that export is whole and of the
+    config the campaign plans; else ``None``, and a folder that holds something else is added to ``ignored``."""
+    if not (folder / "run.json").exists():
+        return None
+    try:
+        run = _campaign.load_result(folder)
+    except files.EntryError as e:
+        ignored.append((folder, str(e)))
+        return None
+    if run.info["label"] != entry.label or _numbers(run.config) != _numbers(entry.config):
+        ignored.append((folder, f"not the planned run {entry.label!r} (another label or config)"))
+        return None
+    return run
+
+
+def _numbers(config: Config) -> Config:
+    """``config`` without what never changes a run's numbers: where it kept checkpoints (a resume continues bit
+    for bit), which a campaign's plan has changed between versions."""
+    return config.replace(checkpoint_every=0, checkpoint_at=())
+
+
 def status(scale: str | _scales.ExperimentScale, out: str | os.PathLike,
            kinds: Iterable[str] = ("paired", "control", "grid"), widths: Iterable[int] | None = None,
            seeds: Iterable[int] | None = None) -> pd.DataFrame:
@@ -98,18 +120,17 @@ def status(scale: str | _scales.ExperimentScale, out: str | os.PathLike,
     Raises:
       ValueError: a scale without a campaign or an unknown part (naming the valid ones).
     """
-    out = Path(out)
-    rows = []
+    out = durable.checked_path(out, "campaign folder", folder=True)  # as campaign.run resolves it
+    rows, ignored = [], []
     widths = None if widths is None else set(widths)
     for e in _campaign.plan(_scales.with_seeds(scale, seeds), kinds):
         if widths is not None and e.config.width not in widths:
             continue
         row = {"label": e.label, "kind": e.kind, "state": "not started", "step": 0, "steps": e.config.steps,
                "diverged_at": pd.NA}
-        done = out / "results" / e.label
         partial = partial_metrics(out, e.config)
-        if (done / "run.json").exists():
-            run = _campaign.load_result(done)
+        run = _exported(out / "results" / e.label, e, ignored)
+        if run is not None:
             row.update(state="done", step=run.info["steps_run"], s_per_step=float("nan"), eta_h=0.0,
                        diverged_at=pd.NA if run.diverged_at is None else run.diverged_at)
         elif partial is not None:
@@ -119,11 +140,10 @@ def status(scale: str | _scales.ExperimentScale, out: str | os.PathLike,
             sec = _seconds_per_step(folder)
             row.update(state="training" if alive else "interrupted", step=step, s_per_step=sec,
                        eta_h=sec * (e.config.steps - step) / 3600)
-        else:
-            run = None
         measures = analysis.headline(run) if run is not None else {}
         row.update({k: measures.get(k, float("nan")) for k in MEASURES})
         rows.append(row)
+    result_folders.warn(ignored, out / "results")
     columns = ["label", "kind", "state", "step", "steps", "diverged_at", *MEASURES, "s_per_step", "eta_h"]
     df = pd.DataFrame(rows, columns=columns)
     for c in ("diverged_at", "unstable_at"):
@@ -138,7 +158,8 @@ def jobs(out: str | os.PathLike) -> pd.DataFrame:
     ``checkpoint`` (the step of its newest checkpoint), ``stdout``,
     ``stderr`` and a failed unit's last log lines (``tail``); see
     :func:`mx_proxy.experiments.executors.slurm.jobs`."""
-    rows = _slurm.jobs(Path(out) / "slurm", Path(out) / "runs")
+    out = durable.checked_path(out, "campaign folder", folder=True)
+    rows = _slurm.jobs(out / "slurm", out / "runs")
     df = pd.DataFrame(rows, columns=["unit", "labels", "job", "state", "checkpoint", "stdout", "stderr", "tail"])
     df["checkpoint"] = df["checkpoint"].astype("Int64")
     return df

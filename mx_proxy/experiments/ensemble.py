@@ -50,7 +50,7 @@ from pathlib import Path
 
 from mx_proxy.experiments import branch as _branch
 from mx_proxy.experiments import executors
-from mx_proxy.experiments.ensemble_export import copy_members, export, exported
+from mx_proxy.experiments.ensemble_export import copy_members, export, exported, set_aside
 from mx_proxy.experiments.ensemble_spec import (
     CONTROL,
     HISTORY,
@@ -62,6 +62,7 @@ from mx_proxy.experiments.ensemble_spec import (
     Ensemble,
     arm_names,
     default_out,
+    ensemble_folder,
     extends,
     member_key,
     member_label,
@@ -87,7 +88,8 @@ from mx_proxy.training.result import Run
 # the spec's names are re-exported: mx_proxy.experiments.ensemble is the experiment's one entry point
 __all__ = ["Ensemble", "KINDS", "CONTROL", "TWIN", "HISTORY", "SPEC_FILE", "HISTORY_FILE", "arm_names", "extends",
            "member_label", "member_key", "read_spec", "read_history", "default_out", "units", "work", "train_unit",
-           "train_arm", "run", "export", "exported", "copy_members", "prepare", "prepare_branch", "read_branch"]
+           "train_arm", "run", "export", "exported", "copy_members", "prepare", "prepare_branch", "read_branch",
+           "ensemble_folder"]
 
 KEEP_CHECKPOINTS = 2  # a group interrupted while saving resumes from the newest step every member holds
 
@@ -187,6 +189,8 @@ def train_unit(out, arm: str, members=None, *, progress: bool = True, bar=None) 
     parent = branch.key if branch else None
     keys = {i: member_key(spec, arm, i, parent) for i in members} if branch or spec.kind != "branch" else {}
     from_export = {i: r for i in members if (r := exported(spec, arm, i, out / "results")) is not None}
+    for i in sorted(set(members) - set(from_export)):  # a foreign or damaged export under its label: kept aside
+        set_aside(spec, arm, i, out / "results")
     done = {i: r for i in keys if not (i in from_export and st.stale(keys[i])) and (r := st.load(keys[i])) is not None}
     from_export = {i: r for i, r in from_export.items() if i not in done}
     todo = [i for i in members if i not in done and i not in from_export]
@@ -250,7 +254,7 @@ def work(spec: Ensemble, out, group_size: int | None = None, upto: int | None = 
     (a member trained beside its FP32 twin counting twice), the store keys;
     ``upto``: only members 0 … upto−1 (a first look at a rate, extended later
     with the same members)."""
-    out = Path(out).expanduser()
+    out = ensemble_folder(out)
     upto = spec.members if upto is None else min(positive_int("upto", upto), spec.members)
     parent = read_branch(out).key if spec.kind == "branch" else None
     return [executors.Work(name=f"{spec.name}: {arm} m{members[0]:02d}-m{members[-1]:02d}",
@@ -263,7 +267,7 @@ def work(spec: Ensemble, out, group_size: int | None = None, upto: int | None = 
 
 def prepare_branch(source, step: int, out) -> Path:
     """The branch state of ``out`` (``out/branch``), written from ``source`` at ``step`` unless there is one."""
-    bdir = Path(out).expanduser() / "branch"
+    bdir = ensemble_folder(out) / "branch"
     if not _branch.exists(bdir):
         _branch.write(source, step, bdir)
     return bdir
@@ -271,7 +275,7 @@ def prepare_branch(source, step: int, out) -> Path:
 
 def read_branch(out) -> _branch.Branch:
     """The branch state of the ensemble folder ``out``."""
-    return _branch.read(Path(out).expanduser() / "branch")
+    return _branch.read(ensemble_folder(out) / "branch")
 
 
 def _same_history(b: _branch.Branch, hist: Path, bdir: Path) -> None:
@@ -287,7 +291,7 @@ def prepare(spec: Ensemble, out, source=None) -> Path:
     """Write ``spec`` (and, for a branch ensemble, the branch state from
     ``source``: a run, a stored run's folder or a branch-state folder) into
     ``out``; an existing folder must hold the same spec."""
-    out = Path(out).expanduser()
+    out = ensemble_folder(out)
     write_spec(spec, out / "results")
     if spec.kind == "branch":
         bdir = out / "branch"

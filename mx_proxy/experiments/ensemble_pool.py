@@ -79,7 +79,7 @@ def pool(results: Sequence[EnsembleResult]) -> EnsembleResult:
                              f"{first.spec.kind} and {s.kind}")
         if set(s.arms) != set(first.spec.arms):
             raise ValueError(f"ensembles {first.spec.name!r} and {s.name!r} have different arms: "
-                             f"{', '.join(first.spec.arms)} and {', '.join(s.arms)}")
+                             f"{', '.join(map(repr, first.spec.arms))} and {', '.join(map(repr, s.arms))}")
         for arm in first.spec.arms:
             differ = _differing(member_config(first.spec, arm), member_config(s, arm))
             if differ:

@@ -82,7 +82,8 @@ def _state(result, history: pd.DataFrame | None) -> list[str]:
 
 def _header(result, source: str | None) -> list[str]:
     s, c = result.spec, result.spec.base
-    n_done = int(result.table.groupby("arm").size().min()) if len(result.table) else 0
+    counts = result.table.groupby("arm").size()
+    n_done = min(int(counts.get(arm, 0)) for arm in s.arms)  # an arm with none exported counts, as 0
     what = {"seed": "each member its own student init and data (seed = data seed = s_i)",
             "data": "each member its own data stream (data seed = s_i), one init",
             "branch": f"each member continued from one state at step {s.branch_at} on its own data stream "
@@ -132,7 +133,12 @@ def _rates(result) -> list[str]:
     s = result.spec
     lines = [f"| arm | blew up | P(blow-up), 95 % interval | survival at step +{s.horizon} (band) "
               f"| median steps to blow-up |", "|---|---|---|---|---|"]
-    for r in result.rates().itertuples():
+    rates = {r.arm: r for r in result.rates().itertuples()}
+    for arm in s.arms:  # every arm of the spec, an arm with no member exported yet too
+        if arm not in rates:
+            lines.append(f"| {_arm(result, arm)} | 0 exported | – | – | – |")
+            continue
+        r = rates[arm]
         med = "–" if pd.isna(r.median_time) else str(int(r.median_time))
         lines.append(f"| {_arm(result, r.arm)} | {r.blowups} / {r.members} | {_frac(r.p)} [{_frac(r.low)}, "
                      f"{_frac(r.high)}] | {_frac(r.survival)} [{_frac(r.s_low)}, {_frac(r.s_high)}] | {med} |")
@@ -154,6 +160,10 @@ def _paired(result) -> list[str]:
             lines.append(f"| {_arm(result, t.arm)} | {t.pairs} | {t.only_control} / {t.only_arm} / {t.both} / "
                          f"{t.neither} | {_p(t.mcnemar_p)} | {_frac(t.logrank)} | {_p(t.logrank_p)} | {needed} |")
         lines += ["", _power_line(result), ""]
+    untested = [a for a in result.spec.arms if a != result.control and a not in set(tests["arm"])]
+    if untested:
+        lines += [f"Not tested against `{result.control}` yet (no member exported in both): "
+                  + ", ".join(_arm(result, a) for a in untested) + ".", ""]
     omnibus = result.all_arms_test()
     if omnibus is not None and len(omnibus.arms) > 2:
         q = omnibus.test
@@ -256,10 +266,14 @@ def _rule(result) -> list[str]:
              "| arm | " + " | ".join(f"{f:g}×" + (" (the rule)" if f == ensemble_result.RULE else "")
                                     for f in factors) + " | stopped | recovered |",
              "|---|" + "---|" * (len(factors) + 2)]
-    for arm, d in sens.groupby("arm", sort=False):
-        cells = []
-        for r in d.itertuples():
-            cells.append(f"{r.blowups} / {r.members}" + ("" if arm == result.control else f" (p {_p(r.mcnemar_p)})"))
+    by_arm = dict(tuple(sens.groupby("arm", sort=False)))
+    for arm in result.spec.arms:
+        if arm not in by_arm:
+            lines.append(f"| {_arm(result, arm)} | " + " | ".join(["0 exported"] + ["–"] * (len(factors) + 1))
+                         + " |")
+            continue
+        cells = [f"{r.blowups} / {r.members}" + ("" if arm == result.control else f" (p {_p(r.mcnemar_p)})")
+                 for r in by_arm[arm].itertuples()]
         n = rec.loc[arm, "members"]
         cells += [f"{rec.loc[arm, 'diverged']} / {n}", f"{rec.loc[arm, 'recovered']} / {rec.loc[arm, 'blowups']}"]
         lines.append(f"| {_arm(result, arm)} | " + " | ".join(cells) + " |")

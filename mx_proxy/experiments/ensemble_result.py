@@ -50,8 +50,9 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from mx_proxy.experiments import analysis, power, stats
+from mx_proxy.experiments import analysis, power, result_folders, stats
 from mx_proxy.experiments.ensemble import TWIN, Ensemble, member_label, read_spec
+from mx_proxy.experiments.ensemble_export import labels, verified
 from mx_proxy.experiments.ensemble_spec import load_member, results_folder
 from mx_proxy.training.result import Run
 
@@ -75,7 +76,8 @@ def outcomes(spec: Ensemble, runs: dict[str, list[Run]], factor: float = RULE) -
     """One row per member: ``arm``, ``member``, ``seed`` (its perturbation),
     ``blowup_at`` (step, or NA), ``event``, ``time`` (steps from the start
     to the blow-up, or to the censoring), ``last_step`` and ``tail_loss``
-    (mean loss over its last ``TAIL`` recorded steps). ``factor``: the rule's
+    (mean loss over its last ``TAIL`` recorded steps, +inf where one of them
+    is not finite: a NaN loss is the rule's divergence, never a number). ``factor``: the rule's
     (:data:`RULE`; :meth:`EnsembleResult.sensitivity` varies it)."""
     rows = []
     for arm in spec.arms:
@@ -87,10 +89,11 @@ def outcomes(spec: Ensemble, runs: dict[str, list[Run]], factor: float = RULE) -
             onset = analysis.unstable_after(r, spec.start, analysis.instability(r, factor))
             event = onset is not None
             tail = m["loss"].tail(TAIL).to_numpy(dtype=float)
+            tail_loss = float(tail.mean()) if np.isfinite(tail).all() else math.inf  # non-finite: the higher
             rows.append({"arm": arm, "member": i, "seed": spec.seeds()[i],
                          "blowup_at": onset, "event": event,
                          "time": (onset if event else last + 1) - spec.start, "last_step": last,
-                         "tail_loss": float(tail.mean()) if len(tail) else math.nan})
+                         "tail_loss": tail_loss if len(tail) else math.nan})
     df = pd.DataFrame(rows, columns=["arm", "member", "seed", "blowup_at", "event", "time", "last_step", "tail_loss"])
     df["blowup_at"] = df["blowup_at"].astype("Int64")
     return df
@@ -163,9 +166,10 @@ class EnsembleResult:
         return stats.survival(d["time"], d["event"], self.confidence)
 
     def rates(self) -> pd.DataFrame:
-        """Per arm: ``members`` (exported), ``blowups``, ``p`` with ``low``/``high``
+        """Per arm with a member exported: ``members`` (exported), ``blowups``, ``p`` with ``low``/``high``
         (Clopper–Pearson), ``survival`` at the horizon with ``s_low``/``s_high``,
-        and the median time to blow-up (``median_time``, NA where S stays above ½)."""
+        and the median time to blow-up (``median_time``, NA where S stays above ½). The report lists the
+        other arms of the spec as ``0 exported`` (:mod:`mx_proxy.experiments.ensemble_report`)."""
         rows = []
         for arm in self.spec.arms:
             d = self._arm(arm)
@@ -372,12 +376,22 @@ class EnsembleResult:
 
 def load(folder, confidence: float = 0.95) -> EnsembleResult:
     """The exported members of the ensemble whose results are in ``folder``
-    (``OUT/results``, or ``OUT``); members not exported yet are ``None``."""
+    (``OUT/results``, or ``OUT``), each found by its label and verified
+    against the config the spec gives it (:func:`~mx_proxy.experiments.ensemble_export.verified`);
+    members not exported yet are ``None``, and so is an export that is
+    damaged or another config's run, named in one warning with every other
+    folder that is no member (a copy, a foreign folder) and left out."""
     spec = read_spec(folder)
     results = results_folder(folder)
+    members = labels(spec)
     runs = {}
+    ignored = [(d, why) for d, why in result_folders.scan(results, members).ignored if d.name not in members]
     for arm in spec.arms:
-        runs[arm] = [load_member(spec, results / member_label(arm, i))
-                     if (results / member_label(arm, i) / "run.json").exists() else None
-                     for i in range(spec.members)]
+        runs[arm] = []
+        for i in range(spec.members):
+            run, why = verified(spec, arm, i, results)
+            runs[arm].append(run)
+            if why is not None:
+                ignored.append((results / member_label(arm, i), why))
+    result_folders.warn(ignored, results)
     return EnsembleResult(spec, runs, confidence)

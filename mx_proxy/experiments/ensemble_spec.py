@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from pathlib import Path
 
 import numpy as np
@@ -22,11 +21,12 @@ from mx_proxy.numerics.recipe_type import Recipe
 from mx_proxy.store import durable, files
 from mx_proxy.store import run_store as _store
 from mx_proxy.training.config import BOUNDS, INTERVENABLE_FIELDS, SEED_LIMIT, Config
+from mx_proxy.training.paths import checked_path, env_path
 from mx_proxy.training.result import Run
 
 __all__ = ["Ensemble", "KINDS", "CONTROL", "TWIN", "HISTORY", "SPEC_FILE", "HISTORY_FILE", "arm_names",
            "member_label", "member_key", "results_folder", "read_history", "read_spec", "write_spec", "extends",
-           "arm_changes", "default_out", "positive_int", "load_member"]
+           "arm_changes", "default_out", "positive_int", "load_member", "ensemble_folder", "ENSEMBLES_ENV"]
 
 KINDS = ("seed", "data", "branch")
 CONTROL = "unchanged"
@@ -222,6 +222,13 @@ def member_label(arm: str, i: int) -> str:
     return f"{arm}-m{i:02d}"
 
 
+def ensemble_folder(out) -> Path:
+    """An ensemble's folder ``OUT`` as given (a flag, an argument), resolved once: absolute, ``~`` expanded, or
+    a ValueError quoting it (:func:`mx_proxy.training.paths.checked_path`: an unknown ``~user``, a
+    symbolic-link loop, a file). Training, ``--status`` and the report resolve it alike."""
+    return checked_path(out, "ensemble folder", folder=True)
+
+
 def results_folder(folder) -> Path | None:
     """The folder that holds the spec of the ensemble at ``folder``: ``folder`` itself (its results folder)
     or ``folder/results`` (its ``OUT``); ``None`` where neither does."""
@@ -290,9 +297,15 @@ def member_key(spec: Ensemble, arm: str, i: int, parent: str | None) -> str:
         return cfg.hash()
     return _store.entry_key(cfg, parent, spec.branch_at, spec.perturbation(i))
 
+ENSEMBLES_ENV = "PROXY_ENSEMBLES"
+
+
 def default_out(name: str) -> Path:
-    """Where ``mx-proxy ensemble`` keeps an ensemble by default: ``~/.cache/proxy/ensembles/<name>``."""
-    return Path(os.environ.get("PROXY_ENSEMBLES", "~/.cache/proxy/ensembles")).expanduser() / name
+    """Where ``mxp.ensemble`` keeps an ensemble by default: ``$PROXY_ENSEMBLES/<name>``, else
+    ``~/.cache/proxy/ensembles/<name>``; a ``$PROXY_ENSEMBLES`` that is no folder path (a file, an unknown
+    ``~user``, a symbolic-link loop) is a ValueError naming it (:func:`mx_proxy.training.paths.env_path`)."""
+    root = env_path(ENSEMBLES_ENV, "where ensembles are kept")
+    return (root if root is not None else checked_path("~/.cache/proxy/ensembles", "the ensembles' folder")) / name
 
 
 def load_member(spec: Ensemble, folder) -> Run:

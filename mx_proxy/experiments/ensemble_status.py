@@ -58,7 +58,7 @@ def _member_progress(root: Path, key: str, start: int) -> tuple[str | None, int 
 
 def status(out) -> pd.DataFrame:
     """One row per arm of the ensemble in ``out`` (see the module docstring)."""
-    out = Path(out).expanduser()
+    out = _ens.ensemble_folder(out)
     spec = _ens.read_spec(out)
     branch_key = _ens.read_branch(out).key if spec.kind == "branch" and (out / "branch").exists() else None
     root = out / "runs"
@@ -67,7 +67,7 @@ def status(out) -> pd.DataFrame:
         models = 2 if spec.config(arm, 0).has_paired_run else 1  # a member trained beside its FP32 twin
         done, running, steps_done, states = 0, 0, 0, set()
         for i in range(spec.members):
-            if (out / "results" / _ens.member_label(arm, i) / "run.json").exists():
+            if _ens.exported(spec, arm, i, out / "results") is not None:  # whole, and this member's
                 done += 1
                 steps_done += spec.horizon
                 continue
@@ -100,7 +100,7 @@ def jobs(out) -> pd.DataFrame:
     ``checkpoint``, ``stdout``, ``stderr``, ``tail``. An ensemble's folder is
     laid out as a campaign's (``OUT/slurm``, ``OUT/runs``), so this is
     :func:`mx_proxy.experiments.campaign_status.jobs`."""
-    return campaign_status.jobs(Path(out).expanduser())
+    return campaign_status.jobs(_ens.ensemble_folder(out))
 
 
 _ACTIVE = ("pending", "running", "requeued")
@@ -112,7 +112,7 @@ def with_jobs(table: pd.DataFrame, units: pd.DataFrame, out) -> pd.DataFrame:
     ``training`` none of whose jobs may still run becomes ``interrupted``."""
     if not len(units):
         return table
-    spec = _ens.read_spec(Path(out).expanduser())
+    spec = _ens.read_spec(_ens.ensemble_folder(out))
     arm_of = {_ens.member_label(arm, i): arm for arm in spec.trained_arms() for i in range(spec.members)}
     per_arm: dict[str, list] = {}
     for u in units.itertuples():

@@ -3,12 +3,13 @@ perturbed members per arm and returns their :class:`~mx_proxy.experiments.ensemb
 
 from __future__ import annotations
 
+from mx_proxy.experiments import branch as _branch
 from mx_proxy.experiments import ensemble as _ens
 from mx_proxy.experiments.ensemble import Ensemble
 from mx_proxy.experiments.ensemble_result import EnsembleResult, load
 from mx_proxy.runner import loop as runner
 from mx_proxy.training.config import Config
-from mx_proxy.training.result import Run
+from mx_proxy.training.paths import checked_path
 
 __all__ = ["ensemble"]
 
@@ -53,25 +54,19 @@ def ensemble(source, *, arms, members: int, horizon: int, branch_at: int | None 
     kind = kind or ("branch" if branch_at is not None else "seed")
     if kind not in _ens.KINDS:
         raise ValueError(f"unknown ensemble kind {kind!r}; valid: {', '.join(_ens.KINDS)}")
-    if kind == "branch":
-        if isinstance(source, Config):
-            name = name or _default_name(source, kind, branch_at)
-            out = _ens.default_out(name) if out is None else out
-            source = runner.train(source, store=f"{out}/runs", progress=progress)
-        base = source.config if isinstance(source, Run) else None
-        if base is None:
-            out_dir = _ens.default_out(name or "branch") if out is None else out
-            _ens.prepare_branch(source, branch_at, out_dir)
-            base = _ens.read_branch(out_dir).config
+    if kind == "branch":  # the base, read without writing or training anything: the spec is checked first
+        base = source if isinstance(source, Config) else _branch.source_config(source)
     elif isinstance(source, Config):
         base = source
     else:
         raise TypeError(f"a {kind} ensemble needs a mxp.Config as its source, got {type(source).__name__}")
     name = name or _default_name(base, kind, branch_at)
-    out = _ens.default_out(name) if out is None else out
     spec = Ensemble(name, kind, base, tuple([arms] if isinstance(arms, str) else arms), members, horizon,
                     branch_at=branch_at, epsilon=epsilon, first_seed=first_seed, diagnostics_every=diagnostics_every,
                     checkpoint_every=checkpoint_every)
+    out = checked_path(_ens.default_out(name) if out is None else out, "the ensemble's folder (out)", folder=True)
+    if kind == "branch" and isinstance(source, Config):
+        source = runner.train(source, store=out / "runs", progress=progress)
     _ens.run(spec, out, source=source if kind == "branch" else None, jobs=jobs, group_size=group_size,
              progress=progress, log=print if progress else _quiet)
-    return load(f"{out}/results")
+    return load(out / "results")

@@ -27,13 +27,30 @@ import numpy as np
 
 from mx_proxy.experiments.stats import _st
 
-__all__ = ["mcnemar_power", "pairs_needed", "detectable", "MOST_PAIRS", "GRID"]
+__all__ = ["mcnemar_power", "pairs_needed", "detectable", "MOST_PAIRS", "MAX_PAIRS", "GRID"]
 
 MOST_PAIRS = 2000
 """The most pairs :func:`pairs_needed` tries before it answers ``None``."""
 
+MAX_PAIRS = 100_000
+"""The most pairs any function here takes: an ensemble's most members per arm
+(:data:`mx_proxy.experiments.ensemble_spec.MAX_MEMBERS`); every cost is linear in the pairs, or less."""
+
 GRID = 1000
 """Rates :func:`detectable` tries, evenly spaced over [0, 1] (its answers' resolution: 1 / GRID)."""
+
+
+SPREAD = 40.0
+"""Standard deviations either side of the mean count of discordant pairs that :func:`detectable` sums over:
+what lies beyond weighs less than 1e-300, below a float64's resolution of any power."""
+
+
+def _support(pairs: int, disc: float) -> np.ndarray:
+    """The counts of discordant pairs (of ``pairs``, each with probability ``disc``) within :data:`SPREAD`
+    standard deviations of the mean (all of them for a few pairs)."""
+    mean, sd = pairs * disc, np.sqrt(pairs * disc * (1 - disc))
+    lo, hi = max(0, int(mean - SPREAD * sd) - 1), min(pairs, int(np.ceil(mean + SPREAD * sd)) + 1)
+    return np.arange(lo, hi + 1)
 
 
 def _check(p_a: float, p_b: float, both: float | None, alpha: float) -> float:
@@ -49,9 +66,12 @@ def _check(p_a: float, p_b: float, both: float | None, alpha: float) -> float:
     return float(both)
 
 
-def _check_pairs(pairs) -> int:
+def _check_pairs(pairs, name: str = "pairs") -> int:
     if isinstance(pairs, bool) or not isinstance(pairs, (int, np.integer)) or pairs < 1:
-        raise ValueError(f"pairs must be a positive integer, got {pairs!r}")
+        raise ValueError(f"{name} must be a positive integer, got {pairs!r}")
+    if pairs > MAX_PAIRS:
+        raise ValueError(f"{name} must be an integer in [1, {MAX_PAIRS}] (an ensemble's members per arm at most), "
+                         f"got {pairs!r}")
     return int(pairs)
 
 
@@ -64,13 +84,16 @@ def _check_power(power: float) -> float:
 @functools.lru_cache(maxsize=16)
 def _critical(most: int, alpha: float) -> np.ndarray:
     """``c[d]`` for ``d = 0 … most`` discordant pairs: the largest count ``b`` of one kind the exact test rejects
-    at (with its mirror ``d − b``), −1 where it rejects none."""
+    at (with its mirror ``d − b``), −1 where it rejects none. Linear in ``most``: the binomial quantile at
+    ``alpha / 2`` puts ``c[d]`` within one of it, and the test's own condition ``2 · F(b; d, ½) ≤ alpha``
+    picks it among the neighbours."""
+    st, d = _st(), np.arange(most + 1)
+    guess = np.nan_to_num(st.binom.ppf(alpha / 2, d, 0.5), nan=0.0).astype(np.int64)
     c = np.full(most + 1, -1)
-    for d in range(1, most + 1):
-        b = np.arange(d // 2 + 1)
-        rejected = b[2 * _st().binom.cdf(b, d, 0.5) <= alpha]
-        if len(rejected):
-            c[d] = rejected[-1]
+    for b in (guess - 2, guess - 1, guess, guess + 1):  # the rejected counts are 0 … c[d]: keep the largest
+        ok = (b >= 0) & (b <= d // 2) & (2 * st.binom.cdf(b, d, 0.5) <= alpha)
+        c = np.where(ok, np.maximum(c, b), c)
+    c[0] = -1
     return c
 
 
@@ -113,7 +136,7 @@ def pairs_needed(p_a: float, p_b: float, power: float = 0.8, alpha: float = 0.05
     """The fewest pairs whose :func:`mcnemar_power` reaches ``power``; ``None`` if ``most`` pairs do not (or
     no pair can be discordant)."""
     only_a, only_b = _discordant(p_a, p_b, both, alpha)
-    power, most = _check_power(power), _check_pairs(most)
+    power, most = _check_power(power), _check_pairs(most, "most")
     disc = only_a + only_b
     if disc == 0:
         return None
@@ -127,11 +150,18 @@ def detectable(p_a: float, pairs: int, power: float = 0.8, alpha: float = 0.05) 
     no rate on that side is detected."""
     _check(p_a, p_a, None, alpha)
     pairs, power = _check_pairs(pairs), _check_power(power)
+    st, c = _st(), _critical(pairs, float(alpha))
     p_b = np.linspace(0.0, 1.0, GRID + 1)
-    only_a, only_b = p_a * (1 - p_b), p_b * (1 - p_a)
-    r = _rejects(only_a, only_b, pairs, float(alpha))
-    pmf = _st().binom.pmf(np.arange(pairs + 1)[None, :], pairs, (only_a + only_b)[:, None])
-    ok = (pmf * r).sum(axis=1) >= power
+    ok = np.zeros(len(p_b), bool)
+    for j, rate in enumerate(p_b):
+        only_a, only_b = p_a * (1 - rate), rate * (1 - p_a)
+        disc = only_a + only_b
+        if disc == 0:
+            continue
+        d = _support(pairs, disc)
+        q = only_a / disc
+        rejects = st.binom.cdf(c[d], d, q) + st.binom.sf(d - c[d] - 1, d, q)
+        ok[j] = float(st.binom.pmf(d, pairs, disc) @ rejects) >= power
     above, below = ok & (p_b > p_a), ok & (p_b < p_a)
     return (float(p_b[above][0]) if above.any() else float("nan"),
             float(p_b[below][-1]) if below.any() else float("nan"))

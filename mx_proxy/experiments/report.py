@@ -45,6 +45,11 @@ def _pct(v: float) -> str:
     return "–" if not math.isfinite(v) else f"{_num(v, '+')} %"
 
 
+def _whole_pct(v: float) -> str:
+    """A fraction as a whole percentage, ``–`` where there is none (a run that records no LN clamping)."""
+    return "–" if v is None or not math.isfinite(v) else f"{100 * v:.0f} %"
+
+
 def _name(r: Run, seeds: bool = False) -> str:
     """How a row names its run; ``seeds``: the folder holds several seeds, so the run's seed is said too."""
     c = r.config
@@ -83,7 +88,7 @@ def _row(r: Run, h: dict, drift, seeds: bool = False) -> str:
              f"{_steps(first['all_clamped_at'].iloc[0])}") if len(first) else "never"
     return (f"| {_name(r, seeds)} | {_diverged(r, h)} | {_pct(h['vs_fp32_pct'])} | {same} | "
             f"{_num(h['zeta_paper_median'])} / {_num(h['zeta_paper_max'])} | "
-            f"{100 * h['ln_clamp_max']:.0f} %{counted} | {gains} ({int(drift['in_band'].sum())} of {len(drift)}) | "
+            f"{_whole_pct(h['ln_clamp_max'])}{counted} | {gains} ({int(drift['in_band'].sum())} of {len(drift)}) | "
             f"{onset} |")
 
 
@@ -93,8 +98,10 @@ def _facts(r: Run, h: dict, drift, seeds: bool = False) -> str:
     s = f"- {_name(r, seeds)}: "
     if onset is None:
         s += (f"largest loss jump {h['max_jump']:.1f}× its minimum over the previous {w} steps (step "
-              f"{h['max_jump_at']}); from step 1000 on, at most {h['fp32_ratio_max']:.2f}× the FP32 run's loss (step "
-              f"{h['fp32_ratio_max_at']})")
+              f"{h['max_jump_at']})")
+        if h["fp32_ratio_max_at"] is not None:  # a run shorter than 1000 steps (or without an FP32 run) has none
+            s += (f"; from step 1000 on, at most {h['fp32_ratio_max']:.2f}× the FP32 run's loss (step "
+                  f"{h['fp32_ratio_max_at']})")
     else:
         what = (f"diverged at step {onset}" if r.diverged_at is not None else
                 f"blew up at step {onset} (loss past 10× its minimum over the previous {w} steps; the engine's "
@@ -107,7 +114,8 @@ def _facts(r: Run, h: dict, drift, seeds: bool = False) -> str:
               f"over the 500 steps before step {onset} the same-point ‖ζ‖ bound had median "
               f"{_num(h['zeta_before'])} (max {_num(h['zeta_before_max'])}) and the paper's ζ median "
               f"{_num(h['zeta_paper_before'])} (max {_num(h['zeta_paper_before_max'])})")
-    s += f"; the paper's ζ peaked at step {h['zeta_paper_max_at']}" + (" (before the instability)" if onset else "")
+    if h["zeta_paper_max_at"] is not None:
+        s += f"; the paper's ζ peaked at step {h['zeta_paper_max_at']}" + (" (before the instability)" if onset else "")
     if len(drift):
         span = "last 250" if onset is None else f"250 before step {onset}"
         s += (f"; LN gain means of blocks 0–{len(drift) - 1} went from "
@@ -206,20 +214,54 @@ def _replay_notes(children: list[Run]) -> list[str]:
     return ["", *(notes[t] for t in sorted(notes))] if notes else []
 
 
-def _block_pattern() -> re.Pattern:
+_ARGUMENTS = r"\S+(?: [^\s-]\S*)*(?: --only(?: [a-z_]+)+)?(?: --control \S+)?"
+_MARKER = re.compile(r"\s*<!--\s*(?:mx-proxy\s+report|end\s+of\s+report)\b")  # what a marker looks like
+
+
+def _begin() -> re.Pattern:
     head, tail = (re.escape(part) for part in BEGIN.split("{}"))
-    return re.compile(rf"^{head}(\S+(?: [^\s-]\S*)*(?: --only(?: [a-z_]+)+)?(?: --control \S+)?){tail}\n(.*?)"
-                      rf"^{re.escape(END)}$", re.M | re.S)
+    return re.compile(rf"{head}({_ARGUMENTS}){tail}")
 
 
-def blocks(text: str) -> list[tuple[str, str]]:
+def _parse(text: str, where: str) -> tuple[list[str], list[tuple[int, int, str]]]:
+    """The lines of ``text`` (each with its own line ending) and its blocks, ``(begin line, end line,
+    arguments)`` (0-based); a ValueError naming the line (1-based, in ``where``) of a line that looks like a
+    marker and does not parse, of a begin marker without an end marker, or of an end marker without a begin."""
+    lines, found, begun = text.splitlines(keepends=True), [], None
+    form = f"a block is a line `{BEGIN.format('FOLDER [--only PART …] [--control ARM]')}`, the report, and a " \
+           f"line `{END}`"
+    for n, line in enumerate(lines):
+        bare = line.rstrip("\r\n")
+        m = _begin().fullmatch(bare)
+        if m or bare == END:
+            if (begun is None) == (bare == END) or (m and begun is not None):
+                at = begun[0] if begun is not None else n
+                what = "an end marker without a begin marker" if begun is None else \
+                    f"a begin marker without an end marker before line {n + 1}"
+                raise ValueError(f"{where}:{at + 1}: {what} ({form})")
+            if m:
+                begun = (n, m.group(1))
+            else:
+                found.append((begun[0], n, begun[1]))
+                begun = None
+        elif _MARKER.match(bare):
+            raise ValueError(f"{where}:{n + 1}: a report marker that does not parse: {bare!r} ({form})")
+    if begun is not None:
+        raise ValueError(f"{where}:{begun[0] + 1}: a begin marker without an end marker ({form})")
+    return lines, found
+
+
+def blocks(text: str, where: str = "the text") -> list[tuple[str, str]]:
     """The report blocks of a Markdown text: ``(arguments, body)`` for each
     ``BEGIN`` line and the next ``END`` line, each marker a line of its own.
     The arguments are those of ``mx-proxy report`` that print the block: a
     results folder (or several ensembles' folders, pooled), for an ensemble's
     optionally ``--only PART …`` and ``--control ARM`` (:func:`for_block`);
-    the body is what lies between the markers."""
-    return [(m.group(1), m.group(2).strip("\n") + "\n") for m in _block_pattern().finditer(text)]
+    the body is what lies between the markers (``\n`` line endings). A line
+    that looks like a marker but does not parse, and a marker without its
+    partner, are a ValueError naming the line (in ``where``)."""
+    lines, found = _parse(text, where)
+    return [(args, "".join(lines[b + 1:e]).replace("\r\n", "\n").strip("\n") + "\n") for b, e, args in found]
 
 
 def for_block(arguments: str) -> str:
@@ -261,19 +303,40 @@ def for_folder(results, parts=None, control: str | None = None) -> str:
                 else f"a control arm ({control!r}) is what the paired tests compare against")
         raise ValueError(f"{what} in an ensemble's report; {str(results)!r} is not an ensemble's results folder "
                          f"(no ensemble.json)")
-    if not (path / "index.csv").exists() and not any(path.glob("*/run.json")):
-        raise ValueError(f"no campaign results in {str(results)!r} (no */run.json); a campaign exports them to "
-                         f"OUT/results")
-    return markdown(campaign.load_results(path), source=str(results))
+    runs = campaign.load_results(path)
+    if not runs:
+        raise ValueError(f"no campaign results in {str(results)!r} (no <label>/run.json of its own label); a "
+                         f"campaign exports them to OUT/results")
+    return markdown(runs, source=str(results))
 
 
 def update(path: str | os.PathLike) -> bool:
     """Rewrite every report block of the Markdown file ``path`` from its
     results folder (relative to the current directory); returns whether the
-    file changed."""
+    file changed. Only the lines between a block's markers change: every
+    byte outside them (the markers included) stays as it was, and the new
+    lines take the begin marker's line ending (a Windows file stays one).
+    Every block is computed before the file is written; one that cannot be
+    (a marker that does not parse, a folder without results) is a ValueError
+    naming its line, and the file is left as it was."""
     path = durable.checked_path(path, "Markdown file", folder=False)
-    old = path.read_text()
-    text = _block_pattern().sub(lambda m: f"{BEGIN.format(m.group(1))}\n{for_block(m.group(1))}{END}", old)
+    raw = path.read_bytes()
+    try:
+        old = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{str(path)!r} is not UTF-8 text ({e})") from None
+    lines, found = _parse(old, str(path))
+    out, kept = [], 0
+    for b, e, args in found:
+        out += lines[kept:b + 1]
+        ending = lines[b][len(lines[b].rstrip("\r\n")):]
+        try:
+            body = for_block(args)
+        except (ValueError, OSError) as err:
+            raise ValueError(f"{path}:{b + 1}: the block of {args!r}: {err}") from None
+        out.append(body.replace("\n", ending))
+        kept = e
+    text = "".join(out + lines[kept:])
     if text != old:
-        durable.write_output(path, lambda p: p.write_text(text))
+        durable.write_output(path, lambda p: p.write_bytes(text.encode("utf-8")))
     return text != old

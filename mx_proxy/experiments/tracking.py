@@ -47,7 +47,9 @@ the local executor's worker processes and the Slurm executor's jobs
 submitting process, so a job on another node streams into the same folder
 (which must be on the shared filesystem, as the run store is). A tracker
 that fails (a full disk, a store gone) is one :class:`TrackingWarning` and
-stops streaming that run; training goes on.
+stops streaming that run; training goes on; a tracking server that accepts
+no connection within seconds is one warning, and nothing is tracked
+(:mod:`mx_proxy.experiments.tracking_service`).
 """
 
 from __future__ import annotations
@@ -68,7 +70,10 @@ from typing import Protocol
 import numpy as np
 import pandas as pd
 
+from mx_proxy.experiments import tracking_service
+from mx_proxy.experiments.tracking_service import TrackingWarning
 from mx_proxy.runner import loop as runner
+from mx_proxy.training.paths import checked_path
 
 __all__ = ["KINDS", "EXTRAS", "Tracking", "TrackingUnavailable", "TrackingWarning", "RunTracker", "check_installed",
            "active", "track", "current", "label", "open_run", "origin", "mlflow_key"]
@@ -83,10 +88,6 @@ _KEY_TAG = "mx_proxy.key"
 
 class TrackingUnavailable(ValueError):
     """The tracker's package is not installed; the message names the pip extra that installs it."""
-
-
-class TrackingWarning(UserWarning):
-    """A tracker failed; the run trains on without streaming to it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,8 +108,8 @@ class Tracking:
         if not isinstance(self.experiment, str) or not self.experiment.strip():
             raise ValueError(f"the tracking experiment needs a name, got {self.experiment!r}")
         where = str(self.where)
-        if not (self.kind == "mlflow" and _is_uri(where)):
-            where = str(Path(where).expanduser().resolve())
+        if not (self.kind == "mlflow" and tracking_service.is_uri(where)):
+            where = str(checked_path(where, f"the {self.kind} tracker's folder", folder=True))
         object.__setattr__(self, "where", where)
 
     @classmethod
@@ -121,10 +122,6 @@ class Tracking:
                                  f"--track-dir DIR")
             where = Path(store) / _FOLDERS.get(kind, "tracking")
         return cls(kind, str(where), experiment)
-
-
-def _is_uri(where: str) -> bool:
-    return re.match(r"^[a-z][a-z0-9+.-]*://", where) is not None
 
 
 def check_installed(kind: str) -> None:
@@ -219,7 +216,7 @@ class _MLflow:
         from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
 
-        uri = spec.where if _is_uri(spec.where) else Path(spec.where).as_uri()
+        uri = spec.where if tracking_service.is_uri(spec.where) else Path(spec.where).as_uri()
         if uri.startswith("file:"):  # recent MLflow asks for this to use its file store (see the module docstring)
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.Metric, self.client, self.ops = Metric, MlflowClient(uri), []
@@ -374,13 +371,17 @@ def current() -> Tracking | None:
 def active(spec: Tracking | None):
     """Stream every run trained inside the block to ``spec`` (``None``:
     nothing changes). Raises :class:`TrackingUnavailable` first when its
-    package is not installed. Nested blocks use the innermost spec."""
+    package is not installed; an MLflow server that accepts no connection is
+    one :class:`TrackingWarning`, and the block trains untracked. Nested blocks use the innermost spec."""
     if spec is None:
         yield None
         return
     if not isinstance(spec, Tracking):
         raise ValueError(f"tracking must be a tracking.Tracking or None, got {spec!r}")
     check_installed(spec.kind)
+    if spec.kind == "mlflow" and not tracking_service.reachable(spec.where):  # warned: the runs train untracked
+        yield None
+        return
     _STACK.append(spec)
     runner.run_members = _tracked_run_members
     try:

@@ -14,9 +14,10 @@ the step's name when it is set: a test exits there (``os._exit`` in a forked
 process) to play a process killed between any two file-system operations,
 with no timing involved (``tests/store/test_promote_faults.py``).
 
-:func:`checked_path` turns a user's path into an absolute one or a
-ValueError naming it (an unknown ``~user``, a symbolic-link loop, a file
-where a folder should be), before any work starts.
+:func:`checked_path` (:mod:`mx_proxy.training.paths`, re-exported here) turns a
+user's path into an absolute one or a ValueError quoting it (an unknown
+``~user``, a symbolic-link loop, a file where a folder should be), before
+any work starts.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from mx_proxy.training.values import ArgumentTypeError
+from mx_proxy.training.paths import checked_path
 
 __all__ = ["FAULT_HOOK", "fault", "mark", "owner_gone", "tmp_name", "is_tmp", "fsync_dir", "atomic_write",
            "rename", "discard", "checked_path", "write_output", "OutputError"]
@@ -139,36 +140,6 @@ def discard(path: Path) -> None:
         return
     fault(f"delete {path.name}")
     shutil.rmtree(doomed, ignore_errors=True)
-
-
-def checked_path(path, what: str, *, folder: bool | None = None) -> Path:
-    """``path`` as an absolute path, or a ValueError naming it and ``what``
-    it is for: not a path, empty, an unknown ``~user``, a symbolic-link
-    loop, or (``folder`` True/False) a file where a folder should be or the
-    other way round; also a file on the way to it."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise ArgumentTypeError(f"{what} must be a path (str or os.PathLike), got {type(path).__name__}")
-    text = os.fspath(path)
-    if not str(text).strip():
-        raise ValueError(f"{what} must name a path, got an empty one")
-    try:
-        p = Path(text).expanduser()
-    except RuntimeError as e:  # ~unknownuser
-        raise ValueError(f"{what} {text}: {e} (no such user)") from None
-    try:
-        p = p.resolve()
-    except (RuntimeError, OSError) as e:  # a symbolic-link loop
-        raise ValueError(f"{what} {text}: a symbolic-link loop ({e})") from None
-    up = p
-    while not up.exists() and up != up.parent:
-        up = up.parent
-    if up != p and not up.is_dir():
-        raise ValueError(f"{what} {text}: {up} is a file, not a folder")
-    if folder is True and p.exists() and not p.is_dir():
-        raise ValueError(f"{what} {text} is a file, not a folder")
-    if folder is False and p.is_dir():
-        raise ValueError(f"{what} {text} is a folder, not a file")
-    return p
 
 
 class OutputError(OSError):

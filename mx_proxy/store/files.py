@@ -181,10 +181,23 @@ def read_json(path, schema: dict):
 
 
 def read_meta(d) -> dict:
-    """The verified ``run.json`` of entry folder ``d``."""
-    if not (Path(d) / "run.json").exists():
+    """The verified ``run.json`` of entry folder ``d``; an exported result's (``results/<label>/``: the
+    results schema, no ``info``) is an :class:`EntryError` saying so, not calling the file damaged."""
+    path = Path(d) / "run.json"
+    if not path.exists():
         raise EntryError(f"{d} is not a complete stored run (no run.json)")
-    return read_json(Path(d) / "run.json", RUN_META)
+    value = read_json(path, {})
+    if "info" not in value:
+        try:
+            check_json(value, RESULT_META, str(path))
+        except EntryError:
+            pass
+        else:
+            raise EntryError(f"{d} is an exported result ({value['kind']} run {value['label']!r}: its metrics and "
+                             f"config, no parameters or checkpoints), not a stored run; give the run store's "
+                             f"folder of the run (runs/<key>; its key is {value.get('key')!r})")
+    check_json(value, RUN_META, str(path))
+    return value
 
 
 def read_config(path) -> Config:

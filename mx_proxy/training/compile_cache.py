@@ -12,7 +12,8 @@ Where the cache lives, first match wins:
 1. ``enable(path)`` called with a folder;
 2. ``$PROXY_COMPILE_CACHE``: a folder path, or ``off`` (also ``0``,
    ``false``, ``no``, ``none``) to leave JAX's configuration alone (JAX then
-   caches only if you configured it yourself, e.g. ``$JAX_COMPILATION_CACHE_DIR``);
+   caches only if you configured it yourself, e.g. ``$JAX_COMPILATION_CACHE_DIR``); a value that is no
+   folder path (a file, empty, an unknown ``~user``) is one warning naming it, and the next rule decides;
 3. a folder already configured in JAX (``$JAX_COMPILATION_CACHE_DIR`` or
    ``jax.config.update("jax_compilation_cache_dir", ...)`` before importing mx_proxy.training);
 4. ``$XDG_CACHE_HOME/proxy/jax``, else ``~/.cache/proxy/jax``.
@@ -46,6 +47,8 @@ from pathlib import Path
 
 import jax
 
+from mx_proxy.training.paths import checked_path, env_path
+
 __all__ = ["ENV", "OFF", "MIN_COMPILE_TIME_S", "MIN_ENTRY_SIZE_BYTES", "default_dir", "resolve", "enable", "active_dir",
            "entries"]
 
@@ -65,11 +68,14 @@ def default_dir() -> Path:
     return Path(base) / "proxy" / "jax"
 
 
-def _check_folder(path: Path, source: str) -> Path:
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"compilation cache {source} {str(path)!r} is a file, not a folder; valid: a folder path, "
-                         f"or {ENV}=off to turn the cache off")
-    return path
+def _valid() -> str:
+    return f"a folder path, or {ENV}=off to turn the cache off"
+
+
+def _env_folder() -> Path | None:
+    """``$PROXY_COMPILE_CACHE`` as a folder (:func:`mx_proxy.training.paths.env_path`), ``None`` for off; a
+    ValueError naming the variable and its value for one that is no folder."""
+    return env_path(ENV, "the compilation cache folder", off=OFF)
 
 
 def resolve(path: str | os.PathLike | None = None) -> Path | None:
@@ -77,24 +83,26 @@ def resolve(path: str | os.PathLike | None = None) -> Path | None:
     order), or ``None`` when ``$PROXY_COMPILE_CACHE`` turns the cache off.
 
     Raises:
-      ValueError: ``path`` or ``$PROXY_COMPILE_CACHE`` names a file (or is
-        empty), naming the value and the valid choices.
+      ValueError: ``path`` or ``$PROXY_COMPILE_CACHE`` is no folder path (a
+        file, empty, an unknown ``~user``, a symbolic-link loop), naming the
+        value and the valid choices.
     """
     if path is not None:
-        if not str(path).strip():
-            raise ValueError(f"compilation cache path must be a folder path, got {path!r}")
-        return _check_folder(Path(path).expanduser(), "path")
-    env = os.environ.get(ENV)
-    if env is not None:
-        if env.strip().lower() in OFF:
-            return None
-        if not env.strip():
-            raise ValueError(f"${ENV} is empty; valid: a folder path, or one of {', '.join(OFF)} to turn it off")
-        return _check_folder(Path(env).expanduser(), f"${ENV}")
+        try:
+            return checked_path(path, "compilation cache path", folder=True)
+        except ValueError as e:
+            raise ValueError(f"{e}; valid: {_valid()}") from None
+    if ENV in os.environ:
+        return _env_folder()
     configured = jax.config.jax_compilation_cache_dir
     if configured:
         return Path(configured)
     return default_dir()
+
+
+def _fallback() -> Path:
+    configured = jax.config.jax_compilation_cache_dir
+    return Path(configured) if configured else default_dir()
 
 
 def enable(path: str | os.PathLike | None = None) -> Path | None:
@@ -103,25 +111,35 @@ def enable(path: str | os.PathLike | None = None) -> Path | None:
 
     Returns the cache folder, or ``None`` when ``$PROXY_COMPILE_CACHE`` says
     ``off`` (then JAX's configuration is left as it was). Safe to call again:
-    pointing it at another folder takes effect for the next compile. A
-    default folder that cannot be created only warns (and leaves the cache
-    off); a folder you named must work.
+    pointing it at another folder takes effect for the next compile. The
+    variable only tunes, so a bad ``$PROXY_COMPILE_CACHE`` (a file, empty,
+    an unknown ``~user``, a folder that cannot be created) is one warning
+    naming it, and the default folder is used; a default folder that cannot
+    be created only warns (and leaves the cache off); a ``path`` you pass
+    must work.
 
     Raises:
-      ValueError: a bad ``path`` or ``$PROXY_COMPILE_CACHE`` (see :func:`resolve`).
-      OSError: a named folder that cannot be created.
+      ValueError: a bad ``path`` (see :func:`resolve`).
+      OSError: a ``path`` whose folder cannot be created.
     """
-    folder = resolve(path)
-    if folder is None:
-        return None
-    named = path is not None or ENV in os.environ
+    folder = resolve(path) if path is not None else None
+    if path is None:
+        try:
+            folder = resolve()
+        except ValueError as err:
+            folder = _fallback()
+            warnings.warn(f"proxy: {err}; using {folder}", stacklevel=2)
+        if folder is None:
+            return None
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        if named:
+        if path is not None:
             raise
-        warnings.warn(f"proxy: cannot create the compilation cache folder {folder} ({err}); compiling without a "
-                      f"persistent cache. Set {ENV} to a writable folder, or to 'off'.", stacklevel=2)
+        where = f"${ENV} {os.environ[ENV]!r}" if ENV in os.environ else "the default"
+        warnings.warn(f"proxy: cannot create the compilation cache folder {str(folder)!r} ({where}: "
+                      f"{err.strerror or err}); compiling without a persistent cache. Set {ENV} to a writable "
+                      f"folder, or to 'off'.", stacklevel=2)
         return None
     from jax.experimental.compilation_cache import compilation_cache as cc
 

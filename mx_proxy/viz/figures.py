@@ -34,16 +34,16 @@ RESULTS_ROOT = "results"
 SCALES = _scales.names()
 
 
-def _interventions(scale, store=None, **_):
-    parent, children = paper.intervention_runs(scale, store=store)
+def _interventions(scale, store=None, progress: bool = True, **_):
+    parent, children = paper.intervention_runs(scale, store=store, progress=progress)
     return plots.interventions(parent, children)
 
 
-def _systems(scale, store=None, **_):
+def _systems(scale, store=None, progress: bool = True, **_):
     s = paper.scale(scale)
     stress = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in s.stress.items()
                        if k not in ("diagnostics_every", "val_every"))  # recording only: not part of the stress
-    return plots.systems(systems.table(systems.runs(s, store=store)), stress_label=stress or None,
+    return plots.systems(systems.table(systems.runs(s, store=store, progress=progress)), stress_label=stress or None,
                          title=f"Beyond the paper ({s.name} scale): 2-D blocks + SR, NVFP4, nGPT and GNMR against "
                                f"plain MX and the paper's mitigations")
 
@@ -121,7 +121,7 @@ HEADLINE: dict[str, tuple[tuple[str, ...], Callable]] = {
 def _headline(name):
     kinds, fn = HEADLINE[name]
 
-    def make(scale, *, store=None, results=RESULTS_ROOT):
+    def make(scale, *, store=None, results=RESULTS_ROOT, **_):
         found = headline_source(kinds, results)
         if found is None:
             raise ValueError(f"figure {name!r} needs campaign results with {', '.join(kinds)} runs under "
@@ -168,14 +168,14 @@ TRAINED: dict[str, tuple[Callable, Callable]] = {
 
 def _trained(name):
     plot, experiment = TRAINED[name]
-    return lambda scale, store=None, **_: plot(experiment(scale, store=store))
+    return lambda scale, store=None, progress=True, **_: plot(experiment(scale, store=store, progress=progress))
 
 
 def _static(plot):
     return lambda scale, **_: plot("fp8_e4m3")
 
 
-# name → figure function ``(scale, *, store=None, results="results") -> Figure``
+# name → figure function ``(scale, *, store=None, results="results", progress=True) -> Figure``
 FIGURES: dict[str, Callable] = {
     "sawtooth": _static(plots.sawtooth),                                        # Fig. 5 left
     "ln_collapse": _static(plots.ln_collapse),                                  # Section 5
@@ -281,7 +281,7 @@ def generate(names=None, *, scale: str = "quick", out=None, store=None, results=
             found = headline_source(HEADLINE[name][0], results)
             source = f"committed {found[0]} results, {Path(results) / found[0]}" if found else "no results"
         log(f"[{i}/{len(names)}] {name} ({source}) ...")
-        fig = FIGURES[name](scale, store=store, results=results)
+        fig = FIGURES[name](scale, store=store, results=results, progress=progress)
         for ext in ("png", "pdf") if pdf else ("png",):
             path = os.path.join(out, f"{name}.{ext}")
             durable.write_output(path, lambda p, fig=fig, ext=ext: fig.savefig(p, dpi=120, format=ext), elsewhere=(

@@ -66,7 +66,7 @@ def test_pooling_keeps_members_not_exported_yet_and_the_first_ensembles_arm_orde
     (lambda: _spec("b", 4, 2), r"follow on.*'a' has s_i = 1…2, 'b' s_i = 4…5"),  # a gap
     (lambda: _spec("b", 2, 2), r"follow on.*'a' has s_i = 1…2, 'b' s_i = 2…3"),  # an overlap
     (lambda: _spec("b", 3, 2, lr=1e-3), r"train different 'fp32' members: they differ in lr"),
-    (lambda: _spec("b", 3, 2, arms=("fp32",)), r"different arms: fp32, paper_e4m3 and fp32"),
+    (lambda: _spec("b", 3, 2, arms=("fp32",)), r"different arms: 'fp32', 'paper_e4m3' and 'fp32'"),
     (lambda: _spec("b", 3, 2, kind="data"), r"vary different things: seed and data"),
     (lambda: _spec("a", 3, 2), r"an ensemble given twice"),
 ])

@@ -102,3 +102,35 @@ def test_eight_pairs_detect_only_large_differences():
 def test_bad_input_names_the_value(call, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
         call()
+
+
+def _critical_by_definition(most: int, alpha: float) -> np.ndarray:
+    """The exact test's critical counts the slow way: every count of every number of discordant pairs."""
+    from scipy import stats as st
+
+    c = np.full(most + 1, -1)
+    for d in range(1, most + 1):
+        b = np.arange(d // 2 + 1)
+        rejected = b[2 * st.binom.cdf(b, d, 0.5) <= alpha]
+        if len(rejected):
+            c[d] = rejected[-1]
+    return c
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.01, 0.1, 0.5, 0.999, 1e-6])
+def test_the_critical_counts_are_the_tests_own_and_linear_to_compute(alpha):
+    assert np.array_equal(power._critical(1500, alpha), _critical_by_definition(1500, alpha))
+
+
+def test_pairs_are_bounded_and_the_largest_count_returns_in_seconds():
+    """Was: any number of pairs, quadratic in it (10**6 pairs did not return)."""
+    import time
+
+    for call in (lambda: power.mcnemar_power(0.1, 0.2, power.MAX_PAIRS + 1),
+                 lambda: power.detectable(0.1, 10 ** 6), lambda: power.pairs_needed(0.1, 0.2, most=10 ** 6)):
+        with pytest.raises(ValueError, match=r"must be an integer in \[1, 100000\].*got 1000"):
+            call()
+    t0 = time.perf_counter()
+    assert power.mcnemar_power(0.10, 0.12, power.MAX_PAIRS) == pytest.approx(1.0)
+    assert power.mcnemar_power(0.10, 0.101, power.MAX_PAIRS) < 0.8
+    assert time.perf_counter() - t0 < 30

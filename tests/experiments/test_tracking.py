@@ -160,8 +160,13 @@ def test_a_tracker_that_fails_leaves_the_run_training(tmp_path):
     _needs("tensorboard")
     blocked = tmp_path / "a-file"
     blocked.write_text("not a folder")
+    with pytest.raises(ValueError, match="the tensorboard tracker's folder '.*a-file' is a file, not a folder"):
+        tracking.Tracking("tensorboard", blocked)  # refused before anything trains
+    later = tmp_path / "gone"
+    spec = tracking.Tracking("tensorboard", later)
+    later.write_text("a file where the folder was to be")  # the tracker fails once the run starts
     with pytest.warns(tracking.TrackingWarning, match="trains on without streaming"):
-        with tracking.track("tensorboard", blocked):
+        with tracking.active(spec):
             run = mxp.train(TINY, store=tmp_path / "runs", progress=False)
     assert run.path is not None and len(run.metrics) == TINY.steps
 
@@ -203,3 +208,52 @@ def test_tracking_values_are_checked():
             pass
     assert tracking.Tracking("mlflow", "http://127.0.0.1:5000").where == "http://127.0.0.1:5000"
     assert tracking.current() is None and runner.run_members is tracking._UNTRACKED
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on once the socket is closed
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_mlflow_server_is_one_warning_and_the_run_trains_untracked(tmp_path, monkeypatch):
+    """Was: MLflow's retries stalled a 20-step run for ~4 minutes, per run. Now one bounded connection test."""
+    import time
+
+    from mx_proxy.experiments import tracking_service
+
+    _needs("mlflow")
+    for name in tracking_service.REQUESTS:
+        monkeypatch.delenv(name, raising=False)
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    t0 = time.perf_counter()
+    with pytest.warns(tracking.TrackingWarning, match=f"the tracking server {uri} accepts no connection within 5 s "
+                                                      f".*; training goes on untracked") as caught:
+        with tracking.track("mlflow", uri) as spec:
+            assert spec is None and tracking.current() is None
+            run = mxp.train(TINY.replace(steps=20), store=tmp_path / "runs", progress=False)
+    assert len(caught) == 1 and len(run.metrics) == 20 and time.perf_counter() - t0 < 60
+    assert runner.run_members is tracking._UNTRACKED  # nothing left wrapped
+    assert tracking_service.unreachable("http://host:notaport") == "a bad port (Port could not be cast to " \
+                                                                   "integer value as 'notaport')"
+    assert tracking_service.unreachable(str(tmp_path)) is None  # a folder: MLflow's file store, nothing to reach
+
+
+def test_a_reachable_server_bounds_mlflows_own_retries(monkeypatch):
+    import socket
+
+    from mx_proxy.experiments import tracking_service
+
+    for name in tracking_service.REQUESTS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "33")  # the user's own setting wins
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        assert tracking_service.reachable(f"http://127.0.0.1:{server.getsockname()[1]}")
+    import os
+
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "33"
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == tracking_service.REQUESTS["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]

@@ -152,9 +152,12 @@ def test_copy_members_copies_what_is_missing_or_damaged_and_nothing_else(tmp_pat
     assert E.read_spec(dst) == spec and (dst / "index.csv").read_bytes() == (src / "index.csv").read_bytes()
     assert E.copy_members(spec, src, dst) == []  # nothing new
     (dst / "paper_e4m3-m01" / "metrics.parquet").write_bytes(b"truncated")
-    assert E.copy_members(spec, src, dst) == ["paper_e4m3-m01"]
+    with pytest.warns(UserWarning, match="paper_e4m3-m01/metrics.parquet is damaged.*set aside as "
+                                         "'paper_e4m3-m01.aside-0'"):
+        assert E.copy_members(spec, src, dst) == ["paper_e4m3-m01"]
+    assert (dst / "paper_e4m3-m01.aside-0" / "metrics.parquet").read_bytes() == b"truncated"  # kept, not deleted
     files = sorted(f.relative_to(src) for f in src.rglob("*") if f.is_file())
-    assert files == sorted(f.relative_to(dst) for f in dst.rglob("*") if f.is_file())
+    assert files == sorted(f.relative_to(dst) for f in dst.rglob("*") if f.is_file() and ".aside-" not in str(f))
     assert all((src / f).read_bytes() == (dst / f).read_bytes() for f in files)
     assert E.copy_members(spec, src, src) == [] and E.copy_members(spec, tmp_path / "none", dst) == []
 

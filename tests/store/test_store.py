@@ -131,9 +131,9 @@ def test_an_unwritable_store_fails_before_training(trained):
 def test_a_file_as_store_fails_before_training(tmp_path, trained):
     f = tmp_path / "file"
     f.write_text("not a folder")
-    with pytest.raises(ValueError, match=f"run store {f} is a file, not a folder"):
+    with pytest.raises(ValueError, match=f"run store '{f}' is a file, not a folder"):  # quoted as given
         mxp.train(BASE, store=f, progress=False)
-    with pytest.raises(ValueError, match=f"run store {f}/sub: {f} is a file, not a folder"):
+    with pytest.raises(ValueError, match=f"run store '{f}/sub': '{f}' is a file, not a folder"):
         mxp.sweep(BASE, store=f / "sub", progress=False, lr=[1e-3])
     assert trained == []
 

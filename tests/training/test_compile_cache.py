@@ -87,7 +87,8 @@ def test_resolve_order(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"\$PROXY_COMPILE_CACHE"):
         compile_cache.resolve()
     monkeypatch.setenv("PROXY_COMPILE_CACHE", " ")
-    with pytest.raises(ValueError, match="empty; valid: a folder path"):
+    with pytest.raises(ValueError, match=r"\$PROXY_COMPILE_CACHE \(the compilation cache folder\) is empty "
+                                         r"\(' '\); valid: a folder path"):
         compile_cache.resolve()
 
 
