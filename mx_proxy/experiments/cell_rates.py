@@ -39,6 +39,7 @@ from mx_proxy.experiments.ensemble_result import EnsembleResult
 from mx_proxy.experiments.ensemble_train import ensemble
 from mx_proxy.store import durable
 from mx_proxy.training.config import Config
+from mx_proxy.training.paths import checked_path
 from mx_proxy.training.result import Run
 
 __all__ = ["CellRates", "train", "cell_configs", "cell_name", "parse_cell"]
@@ -134,7 +135,8 @@ def train(config: Config, recipes: Sequence[str], members: int, *, cells: Sequen
       progress: progress bars (``False``: silent, so a notebook's output is the same when a rerun loads).
 
     Raises:
-      ValueError: no recipe, ``members`` < 1, or a cell whose changes make an invalid Config (naming it),
+      ValueError: no recipe, ``members`` < 1, ``out`` not a usable folder path, or a cell whose changes make
+        an invalid Config (naming it),
         before anything trains.
     """
     recipes = [recipes] if isinstance(recipes, str) else list(recipes)
@@ -144,7 +146,7 @@ def train(config: Config, recipes: Sequence[str], members: int, *, cells: Sequen
         raise ValueError(f"members must be an integer >= 1, got {members!r}")
     cells = tuple(dict(c) for c in cells)
     bases = cell_configs(config, cells)
-    out = Path(out).expanduser()
+    out = checked_path(out, "out", folder=True)
     results = tuple(ensemble(base, kind="seed", arms=recipes, members=members, horizon=base.steps,
                              first_seed=first_seed, name=cell_name(c), out=out / cell_name(c), progress=progress)
                     for c, base in zip(cells, bases))

@@ -42,6 +42,7 @@ from mx_proxy.experiments import ensemble as _ens
 from mx_proxy.experiments import ensemble_status
 from mx_proxy.store import files
 from mx_proxy.training.config import Config
+from mx_proxy.training.paths import checked_path
 
 __all__ = ["PARENT", "COMMITTED", "ARMS", "NAME", "base_config", "spec_of", "copy_committed", "run", "main"]
 
@@ -74,7 +75,7 @@ def copy_committed(spec: _ens.Ensemble, out, committed=COMMITTED) -> list[str]:
     trains it with, and ``out/results`` has not
     (:func:`mx_proxy.experiments.ensemble.copy_members`). Returns the copied
     members' labels (none where ``committed`` is missing or is ``out/results`` itself)."""
-    return _ens.copy_members(spec, committed, Path(out).expanduser() / "results")
+    return _ens.copy_members(spec, committed, checked_path(out, "out", folder=True) / "results")
 
 
 def run(spec: _ens.Ensemble, out, *, group_size: int | None = 1, hours: float | None = None, progress: bool = True,
@@ -83,7 +84,7 @@ def run(spec: _ens.Ensemble, out, *, group_size: int | None = 1, hours: float | 
     seed 1 of every arm before seed 2 of any) until all are exported or
     ``hours`` have passed (checked between units); returns the units trained or loaded.
     ``committed``: a results folder whose members start ``out`` (:func:`copy_committed`; ``None``: none)."""
-    out = Path(out).expanduser()
+    out = checked_path(out, "out", folder=True)
     _ens.prepare(spec, out)
     if committed is not None:
         copied = copy_committed(spec, out, committed)
@@ -104,7 +105,7 @@ def default_arms(out, committed: Path | None) -> tuple[str, ...]:
     """The arms a command without ``--arms`` trains: those of the ensemble saved in ``out`` (a resume), else of
     the ``committed`` one (a fresh folder continues it, e.g. on a GPU, without dropping an arm appended since),
     else :data:`ARMS`."""
-    for folder in (Path(out).expanduser() / "results", committed):
+    for folder in (checked_path(out, "out", folder=True) / "results", committed):
         if folder is not None and (folder / _ens.SPEC_FILE).exists():
             return _ens.read_spec(folder).arms
     return ARMS

@@ -74,6 +74,7 @@ from mx_proxy.experiments import ensemble as _ens
 from mx_proxy.experiments import ensemble_result, ensemble_status, stats
 from mx_proxy.store import durable
 from mx_proxy.training.config import Config
+from mx_proxy.training.paths import checked_path
 
 __all__ = ["SETTINGS", "spec_of", "base_config", "ARMS", "search", "table", "read_table", "decided", "merged",
            "progress", "SCREEN", "MEMBERS", "RATE", "MX_ARMS", "parse_setting"]
@@ -193,7 +194,7 @@ def decided(df: pd.DataFrame) -> set[str]:
 def progress(out) -> pd.DataFrame:
     """Where each started setting's ensemble in ``out`` stands, in search order: one row per arm
     (:func:`mx_proxy.experiments.ensemble_status.status`) with its ``setting``. Reads only."""
-    out = Path(out).expanduser()
+    out = checked_path(out, "out", folder=True)
     started = [(f, _ens.read_spec(f)) for f in sorted(out.glob("*")) if (f / "results" / _ens.SPEC_FILE).exists()]
     started.sort(key=lambda fs: _order(fs[1].base.width, fs[1].base.depth, fs[1].base.lr))
     if not started:
@@ -214,7 +215,7 @@ def search(out, *, table_path=None, hours: float | None = None, settings=SETTING
     read back before the setting trains), or ``None``.
     ``changes``: Config fields every setting's base takes (smaller
     ``steps``/``batch`` for a test)."""
-    out = Path(out).expanduser()
+    out = checked_path(out, "out", folder=True)
     read_table(table_path)  # refuse a file that is not the search's table before anything trains
     t0 = time.time()
     stable_at: dict[tuple[int, int], float] = {}  # shape → the LR at which its MX arms stayed stable
