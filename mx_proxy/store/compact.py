@@ -40,11 +40,12 @@ def table_files(paths) -> list[Path]:
     return sorted(found)
 
 
-def convert(paths, dry_run: bool = False, out=sys.stdout) -> tuple[int, int, int, list[tuple[Path, str]]]:
+def convert(paths, dry_run: bool = False, out=None) -> tuple[int, int, int, list[tuple[Path, str]]]:
     """Rewrite the legacy table files under ``paths`` compact (see the module docstring); returns
     ``(files, bytes before, bytes after, damaged)`` over the files rewritten (or, ``dry_run``, those that
     would be: bytes after is then bytes before), ``damaged``: (file, why) of each that could not be read,
     left as it is."""
+    out = sys.stdout if out is None else out
     count = before = after = 0
     damaged = []
     for f in table_files(paths):

@@ -5,8 +5,9 @@ in either of the two formats it has had.
   metric in the frame's order and dtypes (int64 ``step``, float32 metrics,
   float64 ``val_loss``, bool ``promoted/…``), floats byte-stream-split and
   integers delta-encoded, zstd level :data:`LEVEL`, no dictionary pages, no
-  column statistics, no pandas metadata; the file's key-value metadata holds
-  ``mx_proxy.table: compact-1``. A missing value (a diagnostic between the
+  column statistics, no pandas or Arrow schema metadata (Parquet's own types
+  are the dtypes); the file's key-value metadata holds ``mx_proxy.table:
+  compact-1``. A missing value (a diagnostic between the
   steps that record it, a NaN loss) is a Parquet null: what a row without
   diagnostics costs is a bit per column, so the loss is stored every step and
   the diagnostics only at the steps that have them. Every value round-trips
@@ -72,8 +73,7 @@ def encode(frame: pd.DataFrame) -> pa.Table:
     """``frame`` (columns of numbers or flags, any index: it is dropped) as the Arrow table the compact
     format stores: NaN as null, no pandas metadata, :data:`KEY` → :data:`FORMAT`."""
     _check_columns(frame, "a table to write")
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    return table.replace_schema_metadata({KEY: FORMAT})
+    return pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata({KEY: FORMAT})
 
 
 def to_file(frame: pd.DataFrame, path) -> None:
@@ -81,8 +81,12 @@ def to_file(frame: pd.DataFrame, path) -> None:
     that is itself renamed into place, a checkpoint's); :func:`write` otherwise."""
     table = encode(frame)
     encodings = {f.name: _encoding(f.type.to_pandas_dtype()) for f in table.schema if not pa.types.is_boolean(f.type)}
-    pq.write_table(table, str(path), compression="zstd", compression_level=LEVEL, use_dictionary=False,
-                   write_statistics=False, column_encoding=encodings)
+    # store_schema=False drops the Arrow schema (~40 % of a footer) and with it the schema's metadata: the format
+    # key is added to the file's own key-value metadata (pyarrow >= 17)
+    with pq.ParquetWriter(str(path), table.schema, compression="zstd", compression_level=LEVEL, use_dictionary=False,
+                          write_statistics=False, store_schema=False, column_encoding=encodings) as writer:
+        writer.write_table(table)
+        writer.add_key_value_metadata({KEY: FORMAT})
 
 
 def write(path, frame: pd.DataFrame) -> None:
@@ -99,7 +103,7 @@ def format_of(path) -> str:
     a :class:`TableError` where it is no Parquet file or names a format this version does not know."""
     path = Path(path)
     try:
-        meta = pq.read_schema(str(path)).metadata or {}
+        meta = pq.read_metadata(str(path)).metadata or {}
     except Exception as e:  # OSError, or pyarrow's own error types for a truncated file
         raise TableError(f"{path} is damaged ({_first_line(e)})") from None
     if KEY not in meta:
