@@ -68,7 +68,7 @@ def compare_losses(metrics: pd.DataFrame, reference, step: int, file: str = "met
     ``reference``, its ``file``) before ``step``, column by column for ``loss`` and
     ``ref_loss`` where both have them, every step before ``step`` of ``metrics``:
     ``{"reference", "identical", "first_difference", "columns"}``."""
-    ref = pd.read_parquet(Path(reference) / file)
+    ref = files.read_table(Path(reference) / file)
     cols = [c for c in ("loss", "ref_loss") if c in metrics and c in ref]
     if "loss" not in cols:
         raise ValueError(f"{Path(reference) / file} and the state's metrics do not both have a loss column")

@@ -42,7 +42,7 @@ from mx_proxy.experiments import scales as _scales
 from mx_proxy.runner import interventions
 from mx_proxy.runner import loop as runner
 from mx_proxy.store import checkpoint as ckpt
-from mx_proxy.store import durable, files
+from mx_proxy.store import durable, files, tables
 from mx_proxy.store import run_store as _store
 from mx_proxy.training import twins
 from mx_proxy.training.config import Config
@@ -143,7 +143,7 @@ def export(run_: Run, label: str, kind: str, results: str | os.PathLike) -> Path
         "parent": run_.info.get("parent"), "code_version": _store.code_version(), "git_commit": _git_commit(),
         "device": f"{jax.default_backend()}: {jax.devices()[0].device_kind}", "host": platform.node(),
     }
-    for name, write in (("metrics.parquet", lambda p: run_.metrics.to_parquet(p, index=False)),
+    for name, write in (("metrics.parquet", lambda p: tables.to_file(run_.metrics, p)),
                         ("config.json", lambda p: Path(p).write_text(run_.config.to_json())),
                         ("run.json", lambda p: Path(p).write_text(json.dumps(meta, indent=1, default=str)))):
         durable.atomic_write(folder / name, write)

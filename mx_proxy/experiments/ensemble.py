@@ -78,8 +78,8 @@ from mx_proxy.runner import interventions
 from mx_proxy.runner import loop as runner
 from mx_proxy.runner.interrupt import interruptible
 from mx_proxy.store import checkpoint as ckpt
-from mx_proxy.store import durable
 from mx_proxy.store import run_store as _store
+from mx_proxy.store import tables
 from mx_proxy.training import memory as _memory
 from mx_proxy.training.config import Config
 from mx_proxy.training.engine import dynamic_for, program_for
@@ -309,7 +309,7 @@ def prepare(spec: Ensemble, out, source=None) -> Path:
             _same_history(b, hist, bdir)
         else:
             cols = ["step", "loss"] + [c for c in b.metrics if c == "ref_loss" or c.startswith("grad_norm/block_")]
-            durable.atomic_write(hist, lambda p: b.metrics[cols].to_parquet(p, index=False))
+            tables.write(hist, b.metrics[cols])
     return out
 
 

@@ -244,8 +244,8 @@ def read_history(folder) -> pd.DataFrame | None:
     if p is None or not p.exists():
         return None
     try:
-        h = pd.read_parquet(p)
-    except (OSError, ValueError) as e:
+        h = files.read_table(p)
+    except files.EntryError as e:
         raise ValueError(f"{p} is not a readable parquet file: {e}") from None
     steps = h["step"].to_numpy() if "step" in h else None
     if "loss" not in h or steps is None or (len(steps) > 1 and not (np.diff(steps) > 0).all()):
@@ -318,10 +318,7 @@ def load_member(spec: Ensemble, folder) -> Run:
     meta = files.read_json(folder / "run.json", files.RESULT_META)
     cfg = files.read_config(folder / "config.json")
     path = folder / "metrics.parquet"
-    try:
-        metrics = pd.read_parquet(path)
-    except Exception as e:  # OSError, or pyarrow's own error types for a truncated file
-        raise files.EntryError(f"{path} is damaged ({type(e).__name__}: {str(e)[:200]})") from None
+    metrics = files.read_table(path)
     first = max(0, spec.start - HISTORY) if spec.kind == "branch" else 0
     steps = metrics["step"].to_numpy() if "step" in metrics else None
     if steps is None or "loss" not in metrics or metrics["loss"].dtype != np.float32:

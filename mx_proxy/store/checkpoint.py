@@ -52,7 +52,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pandas as pd
 
-from mx_proxy.store import durable, files
+from mx_proxy.store import durable, files, tables
 from mx_proxy.training.config import Config
 from mx_proxy.training.engine import Program, TrainState
 
@@ -236,7 +236,7 @@ def _write(tmp: Path, step: int, state, metrics, meta) -> None:
         ckptr.save((tmp / "state").absolute(), state)
         ckptr.wait_until_finished()
     if metrics is not None:
-        metrics.to_parquet(tmp / "metrics.parquet", index=False)
+        tables.to_file(metrics, tmp / "metrics.parquet")
     (tmp / "meta.json").write_text(json.dumps({"step": int(step), **(meta or {})}, sort_keys=True))
     for f in tmp.rglob("*"):  # durable before the rename makes the checkpoint visible
         if f.is_file():
@@ -327,10 +327,7 @@ def restore(directory, step: int, target: TrainState, config: Config | None = No
 def _read_metrics(path: Path, step: int, config: Config | None) -> pd.DataFrame:
     if config is not None:
         return files.read_metrics(path, step, config)
-    try:
-        metrics = pd.read_parquet(path)
-    except Exception as e:  # pyarrow's own error types for a truncated file
-        raise files.EntryError(f"{path} is damaged ({_first_line(e)})") from None
+    metrics = files.read_table(path)
     if len(metrics) != step or "step" not in metrics or not np.array_equal(metrics["step"].to_numpy(), np.arange(step)):
         raise files.EntryError(f"{path} has {len(metrics)} rows, not one per step before {step}")
     return metrics

@@ -7,7 +7,8 @@ Nothing read from disk is used before it is checked here; each failure is an
   object whose fields have their types at every nesting level (:data:`RUN_META`,
   :data:`CHECKPOINT_META`; fields no schema names are kept as they are);
 - ``config.json``: an object that :meth:`Config.from_dict` accepts;
-- metrics tables (an entry's or a checkpoint's ``metrics.parquet``): a
+- metrics tables (an entry's or a checkpoint's ``metrics.parquet``, in
+  either format :mod:`mx_proxy.store.tables` reads, :func:`read_table`): a
   ``step`` column counting from 0, one row per step the run (or the
   checkpoint) claims, the columns every run of its config has, every column
   numeric (:func:`check_metrics`);
@@ -28,12 +29,13 @@ import jax
 import numpy as np
 import pandas as pd
 
+from mx_proxy.store import tables
 from mx_proxy.training.config import Config
 from mx_proxy.training.engine import dynamic_for, program_for, static_key
 from mx_proxy.training.result import Run
 
 __all__ = ["EntryError", "StoreWarning", "RUN_META", "CHECKPOINT_META", "RESULT_META", "check_json", "read_json",
-           "read_meta", "read_config",
+           "read_meta", "read_config", "read_table",
            "read_metrics", "check_metrics", "read_params", "check_params", "read_entry", "required_columns",
            "flatten", "unflatten"]
 
@@ -257,13 +259,16 @@ def check_metrics(metrics: pd.DataFrame, rows: int, config: Config, where) -> pd
 def read_metrics(path, rows: int, config: Config) -> pd.DataFrame:
     """The metrics table in ``path``, checked by :func:`check_metrics`."""
     path = Path(path)
-    if not path.is_file():
-        raise _missing(path)
+    return check_metrics(read_table(path), rows, config, path)
+
+
+def read_table(path) -> pd.DataFrame:
+    """The table in file ``path`` (compact or legacy, :func:`mx_proxy.store.tables.read`: readable, of a
+    known format, numeric columns); an :class:`EntryError` naming the file where it is missing or damaged."""
     try:
-        metrics = pd.read_parquet(path)
-    except Exception as e:  # OSError, or pyarrow's own error types for a truncated file
-        raise _damaged(path, e) from None
-    return check_metrics(metrics, rows, config, path)
+        return tables.read(path)
+    except tables.TableError as e:
+        raise EntryError(str(e)) from None
 
 
 # --------------------------------------------------------------------------- parameters

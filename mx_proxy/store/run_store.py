@@ -5,7 +5,7 @@ trained from scratch; an intervention's key hashes its config, parent and
 step, see :func:`entry_key`):
 
 - ``config.json`` — the full config (``Config.to_dict``);
-- ``metrics.parquet`` — ``Run.metrics``, one row per step;
+- ``metrics.parquet`` — ``Run.metrics``, one row per step (:mod:`mx_proxy.store.tables`' compact format);
 - ``params.npz`` — final student parameters (``block_0/fc1`` … keys);
 - ``checkpoints/`` — orbax checkpoints (see :mod:`mx_proxy.store.checkpoint`);
 - ``run.json`` — diverged_at, wall time, provenance and the code version (a
@@ -57,7 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from mx_proxy.store import checkpoint as ckpt
-from mx_proxy.store import durable, files, promote
+from mx_proxy.store import durable, files, promote, tables
 from mx_proxy.training.code_version import code_version
 from mx_proxy.training.config import Config
 from mx_proxy.training.result import Run
@@ -127,7 +127,7 @@ def _write_entry(d: Path, run: Run, meta: dict) -> None:
     d.mkdir(parents=True, exist_ok=True)
     durable.atomic_write(d / "config.json",
                          lambda p: p.write_text(json.dumps(run.config.to_dict(), indent=1, sort_keys=True)))
-    durable.atomic_write(d / "metrics.parquet", lambda p: run.metrics.to_parquet(p, index=False))
+    tables.write(d / "metrics.parquet", run.metrics)
 
     def write_params(p):
         with open(p, "wb") as f:
