@@ -10,9 +10,11 @@ the best of ``--repeats`` after a first one that compiles. Each row prints the m
 twin's steps not counted) beside the roofline's (:mod:`mx_proxy.cli.bench.roofline`: XLA's ``cost_analysis()`` of
 one member's compiled step, a plain one and a diagnostic one, times the segment's steps of each kind and the
 members; every GEMM at the peak of its dot precision, the bytes at the device's bandwidth) and the measured
-fraction of it, then the fastest group size of each configuration. Peaks: the datasheet's for a known GPU, measured
-on the machine for a CPU. ``--profile DIR``: a ``jax.profiler`` trace of one segment of the configuration furthest
-from its roofline (view it in TensorBoard's profile plugin or Perfetto).
+fraction of it (and of its compute time alone: XLA's bytes count every operation's operands, fused or held in a
+cache or not, so on a CPU the memory time is no bound), then the fastest group size of each configuration.
+Peaks: the datasheet's for a known GPU, measured on the machine for a CPU. ``--profile DIR``: a ``jax.profiler``
+trace of one segment of the configuration furthest from its roofline (view it in TensorBoard's profile plugin or
+Perfetto).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ __all__ = ["main", "measure", "step_cost", "segment_cost", "COLUMNS", "DIAGNOSTI
 
 DIAGNOSTICS = {"5": 5, "50": 50, "never": 0}
 COLUMNS = ["recipe", "twin", "diagnostics", "members", "program", "member_steps_per_s", "roofline_member_steps_per_s",
-           "fraction", "bound"]
+           "fraction", "compute_fraction", "bound"]
 RUN_STEPS = 1000  # the timed configs' steps: more than a segment's rows (chunk), so every segment is the same program
 
 
@@ -149,7 +151,8 @@ def measure(shape: dict, recipes, twins, diagnostics, members, *, steps: int, re
                     roof = _roof.roofline_seconds(segment_cost(plain_step, diag_step, steps, every, m), peaks)
                     rows.append({**row, "member_steps_per_s": m * steps / seconds,
                                  "roofline_member_steps_per_s": m * steps / roof["seconds"],
-                                 "fraction": roof["seconds"] / seconds, "bound": roof["bound"]})
+                                 "fraction": roof["seconds"] / seconds, "compute_fraction": roof["compute"] / seconds,
+                                 "bound": roof["bound"]})
                     log(f"  {recipe}, twin {row['twin']}, diagnostics {name}, {m} members: "
                         f"{m * steps / seconds:.1f} member-steps/s ({roof['seconds'] / seconds:.1%} of the roofline)")
     return pd.DataFrame(rows, columns=COLUMNS)
