@@ -6,7 +6,12 @@
 # 1. A fixed first slot, the kernel check (scripts/gpu_kernels.py), capped at a quarter of SECONDS and at most
 #    5 minutes (`timeout`): KERNELS=probe (default: its Mosaic GPU probe and the environment), full (the kernels'
 #    tests and bench too) or none (its time goes to the queue); its log in $KERNELS_LOG (default $OUT/kernels.log).
-# 2. The pre-registered plan's GPU units in plan order (docs/plan.json; python -m mx_proxy.experiments.plan_queue
+# 2. Optionally (BENCH=members; default BENCH=none) `mx-proxy bench members` at the paper's width, capped at half the
+#    time left and 5 minutes, its log in $BENCH_LOG (default $OUT/bench_members.log; each row is printed as it is
+#    measured, so a capped run keeps its rows) and a jax.profiler trace in $OUT/profile; $BENCH_OPTIONS replaces its
+#    options (default: width 512, batch 2048, the three recipes, no twin, diagnostics every 50 and never, groups of
+#    8 16 32 64, 50-step segments).
+# 3. The pre-registered plan's GPU units in plan order (docs/plan.json; python -m mx_proxy.experiments.plan_queue
 #    gpu), lean (mx_proxy.experiments.lean: diagnostics only where the plan scores warning signals), with the time
 #    left as their budget: no unit starts without 30 s of it, and the unit running when it is spent stops at the end
 #    of its segment, checkpointed in the store ($PLAN_STORE, default /tmp/proxy-plan: a second call on the same warm
@@ -28,12 +33,23 @@ case "${KERNELS:-probe}" in
   none) KERNEL_S=0 ;;
   *) echo "gpu session: KERNELS='$KERNELS'; valid: probe (default), full, none" >&2; exit 2 ;;
 esac
+case "${BENCH:-none}" in
+  none|members) ;;
+  *) echo "gpu session: BENCH='$BENCH'; valid: none (default), members" >&2; exit 2 ;;
+esac
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 if [ "$KERNEL_S" -gt 0 ]; then
   START=$(date +%s)
   timeout --signal=INT "$(( KERNEL_S + 20 ))" python scripts/gpu_kernels.py --out "$OUT" --budget-s "$KERNEL_S" \
     --skip $SKIP 2>&1 | tee "${KERNELS_LOG:-$OUT/kernels.log}"
   echo "gpu session: kernel check done after $(( $(date +%s) - START )) s"
+fi
+if [ "${BENCH:-none}" = members ]; then
+  BENCH_S=$(( (END - $(date +%s)) / 2 ))
+  BENCH_S=$(( BENCH_S < 300 ? BENCH_S : 300 ))
+  DEFAULT_BENCH="--width 512 --batch 2048 --twin no --diagnostics 50 never --members 8,16,32,64 --steps 50"
+  timeout --signal=INT "$BENCH_S" python -m mx_proxy.cli bench members ${BENCH_OPTIONS:-$DEFAULT_BENCH} \
+    --profile "$OUT/profile" 2>&1 | tee "${BENCH_LOG:-$OUT/bench_members.log}"
 fi
 LEFT=$(( END - $(date +%s) - 10 ))
 if [ "$LEFT" -lt 1 ]; then

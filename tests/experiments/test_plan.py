@@ -240,3 +240,22 @@ def test_a_window_resumes_from_committed_members_and_exports_only_new_ones(raw, 
     assert plan_queue.pending(plan, "cpu", out, committed=committed) == []
     fp32 = sorted(p.name for p in (out / "t-seed").iterdir() if (p / "run.json").exists())
     assert fp32 == ["bf16-m01", "fp32-m01"]  # only the unit trained here; the committed members are not copied
+
+
+def test_the_lean_queue_trains_the_same_losses_and_refuses_a_group_that_does_not_fit_a_unit(raw, tmp_path):
+    plan = _tiny_plan(raw, tmp_path)
+    plan_queue.run_queue(plan, "cpu", tmp_path / "s1", tmp_path / "full", progress=False, log=lambda *_: None)
+    plan_queue.run_queue(plan, "cpu", tmp_path / "s2", tmp_path / "lean", lean=True, progress=False,
+                         log=lambda *_: None)
+    assert read_spec(tmp_path / "lean" / "t-branch").diagnostics == 0  # no hypothesis scores its signals
+    full, lean = _members(tmp_path / "full", plan), _members(tmp_path / "lean", plan)
+    assert sorted(full) == sorted(lean)
+    for k in full:  # the loss every step, bit for bit (a CPU), with and without the diagnostics
+        assert np.array_equal(full[k][0]["loss"].to_numpy(), lean[k][0]["loss"].to_numpy()), k
+    # a study's export folder holds one mode's members
+    with pytest.raises(ValueError, match="diagnostics_every"):
+        plan_queue.run_queue(plan, "cpu", tmp_path / "s1", tmp_path / "full", lean=True, progress=False,
+                             log=lambda *_: None)
+    assert plan_queue.main(["cpu", "--store", str(tmp_path / "s3"), "--export", str(tmp_path / "e3"),
+                            "--plan", str(tmp_path / "plan.json"), "--group-size", "2"]) == 2
+    assert not (tmp_path / "s3").exists() and not (tmp_path / "e3").exists()

@@ -44,10 +44,25 @@ def test_gpu_session_starts_no_unit_without_the_time_for_it(tmp_path):
     assert not (tmp_path / "out" / "results" / "plan" / "t-gpu").exists()
 
 
-def test_gpu_session_refuses_a_kernel_choice_it_does_not_know(tmp_path):
+def test_gpu_session_refuses_a_kernel_or_bench_choice_it_does_not_know(tmp_path):
     done = session(tmp_path, 100, tmp_path / "out", KERNELS="fast")
     assert done.returncode == 2 and "'fast'" in done.stderr and "probe (default), full, none" in done.stderr
     assert done.stdout == ""
+    done = session(tmp_path, 100, tmp_path / "out", BENCH="step")
+    assert done.returncode == 2 and "'step'" in done.stderr and "none (default), members" in done.stderr
+
+
+@pytest.mark.e2e
+def test_gpu_session_benchmarks_the_members_before_the_queue(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    done = session(tmp_path, 60, out, BENCH="members", PLAN=str(tiny_plan(tmp_path)),
+                   BENCH_OPTIONS="--width 16 --depth 1 --batch 16 --dot f32 --recipes fp32 --members 1,2 --twin no "
+                                 "--diagnostics never --steps 2 --repeats 1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = (out / "bench_members.log").read_text()
+    assert "fastest group size" in log and "profile of fp32" in log and (out / "profile").is_dir()
+    assert "plan queue:" in done.stdout
 
 
 @pytest.mark.e2e
