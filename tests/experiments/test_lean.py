@@ -11,6 +11,9 @@ from mx_proxy.experiments import lean as L
 from mx_proxy.experiments import plan as P
 from mx_proxy.experiments import plan_queue
 from mx_proxy.experiments.ensemble_result import load
+from mx_proxy.runner.members import init_state
+from mx_proxy.runner.programs import stack
+from mx_proxy.training.engine import dynamic_for, program_for
 
 BASE = mxp.Config(width=16, depth=1, batch=32, steps=20, lr=3e-3, diagnostics_every=5, val_every=0)
 
@@ -46,3 +49,13 @@ def test_lean_members_have_todays_losses_bit_for_bit(tmp_path):
             assert np.array_equal(a.metrics["loss"].to_numpy(), b.metrics["loss"].to_numpy())
             assert len(b.metrics) == 20 and a.diverged_at == b.diverged_at
             assert a.metrics["zeta_bound"].notna().sum() == 4 and "zeta_bound" not in b.metrics  # 0, 5, 10, 15
+
+
+def test_the_diagnostics_stay_a_conditional_under_a_sweeps_vmap():
+    """The plain steps of vmapped members skip the diagnostics: the step, the cond's predicate, is not batched."""
+    configs = [BASE.replace(seed=s, data_seed=s) for s in range(2)]
+    states = [init_state(c) for c in configs]
+    program, teacher = program_for(BASE), states[0][1]
+    jaxpr = jax.make_jaxpr(lambda s, t, d: jax.vmap(lambda si, di: program._step(si, t, di, teacher))(s, d))(
+        stack([s for s, _ in states]), np.int32(0), stack([dynamic_for(c) for c in configs]))
+    assert str(jaxpr).count("cond[") == 1
