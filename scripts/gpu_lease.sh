@@ -4,13 +4,11 @@
 #   scripts/gpu_lease.sh [SECONDS]        # e.g. run(command="bash scripts/gpu_lease.sh 560", timeout_s=600)
 #
 # The device tool returns at most 8 files from $OUT, no more than two folders down, so the exports the GPU
-# scripts write under $OUT/results/ensembles/NAME/MEMBER/ would not come back as they are. This runs the kernel
-# check (scripts/gpu_kernels.py, at most a quarter of SECONDS: by default only its Mosaic GPU probe and the
-# environment, the kernels' tests and bench having been measured on 2026-12-04; KERNELS=full adds them,
-# KERNELS=none skips the check and gives its time to the ensembles) and then
-# the ensembles (scripts/gpu_session.sh, the rest) with $OUT pointed at a staging folder, and packs that folder
-# into $OUT/gpu_out.tar.gz with the two logs beside it; an archive over 15 MiB ($PART_BYTES) is split into
-# pieces gpu_out.tar.gz.part0, part1, ..., since no file over 16 MiB comes back. Unpack it in the repository
+# scripts write under $OUT/results/plan/STUDY/MEMBER/ would not come back as they are. This runs
+# scripts/gpu_session.sh (its first slot the kernel check, by $KERNELS: probe, the default, full or none; then the
+# plan's GPU queue) with $OUT pointed at a staging folder, and packs that folder into $OUT/gpu_out.tar.gz with the two
+# logs (kernels.log, session.log) beside it; an archive over 15 MiB ($PART_BYTES) is split into pieces
+# gpu_out.tar.gz.part0, part1, ..., since no file over 16 MiB comes back. Unpack it in the repository
 # root (`tar xzf gpu_out.tar.gz`, or `cat gpu_out.tar.gz.part* | tar xz`): its paths are the repository's
 # (results/..., plus gpu_kernels.log and gemm_tuning.json at its top).
 set -uo pipefail
@@ -22,20 +20,12 @@ trap 'rm -rf "$STAGE" "$STAGE.tar.gz"' EXIT
 PART_BYTES="${PART_BYTES:-15728640}"  # 15 MiB: the device tool returns files of at most 16 MiB
 export OUT="$STAGE" PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + TOTAL ))
-KERNEL_S=$(( TOTAL / 4 ))
-SKIP="tests bench autotune cpu_tests"
 case "${KERNELS:-probe}" in
-  probe) ;;
-  full) SKIP="autotune cpu_tests" ;;
-  none) KERNEL_S=0 ;;
+  probe|full|none) ;;
   *) echo "gpu lease: KERNELS='$KERNELS'; valid: probe (default), full, none" >&2; exit 2 ;;
 esac
-if [ "$KERNEL_S" -gt 0 ]; then
-  timeout --signal=INT $(( KERNEL_S + 20 )) python scripts/gpu_kernels.py --out "$STAGE" --budget-s "$KERNEL_S" \
-    --skip $SKIP 2>&1 | tee "$RETURN/kernels.log"
-fi
-LEFT=$(( END - $(date +%s) - 15 ))
-bash scripts/gpu_session.sh "$LEFT" 2>&1 | tee "$RETURN/session.log"
+LEFT=$(( END - $(date +%s) - 5 ))  # packing takes seconds; the device command's own limit gives more
+KERNELS_LOG="$RETURN/kernels.log" bash scripts/gpu_session.sh "$LEFT" 2>&1 | tee "$RETURN/session.log"
 tar czf "$STAGE.tar.gz" -C "$STAGE" . || exit 1
 if [ "$(stat -c %s "$STAGE.tar.gz")" -le "$PART_BYTES" ]; then
   mv "$STAGE.tar.gz" "$RETURN/gpu_out.tar.gz"

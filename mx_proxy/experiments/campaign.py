@@ -39,6 +39,7 @@ import pandas as pd
 
 from mx_proxy.experiments import analysis, campaign_units, executors, result_folders
 from mx_proxy.experiments import scales as _scales
+from mx_proxy.runner import device as _device
 from mx_proxy.runner import interventions
 from mx_proxy.runner import loop as runner
 from mx_proxy.store import checkpoint as ckpt
@@ -141,7 +142,8 @@ def export(run_: Run, label: str, kind: str, results: str | os.PathLike) -> Path
         # the intervention's keys sorted, as the store returns them, so a re-export writes the same bytes
         "intervention": json.loads(json.dumps(run_.info.get("intervention"), sort_keys=True, default=str)),
         "parent": run_.info.get("parent"), "code_version": _store.code_version(), "git_commit": _git_commit(),
-        "device": f"{jax.default_backend()}: {jax.devices()[0].device_kind}", "host": platform.node(),
+        # the machines it trained on (recorded by the host loop); this one for a run that recorded none
+        "device": run_.info.get("device") or _device.describe(), "host": platform.node(),
     }
     for name, write in (("metrics.parquet", lambda p: tables.to_file(run_.metrics, p)),
                         ("config.json", lambda p: Path(p).write_text(run_.config.to_json())),

@@ -135,6 +135,8 @@ def _member(spec: Ensemble, arm: str, i: int, st: _store.Store, key: str, branch
         state, past, step, wall = found
         _, teacher = runner.init_state(config)
         info["resumed_from"] = step
+        if sink.meta(step).get("device"):
+            info["device"] = sink.meta(step)["device"]  # the machines of the stretches before this one
         return runner.Member(config, state, teacher, sink, step, [past] if past is not None and len(past) else [],
                              info, wall)
     if branch is None:

@@ -119,14 +119,14 @@ def _write_index(spec: Ensemble, results: Path) -> None:
     durable.atomic_write(results / "index.csv", lambda p: index.to_csv(p, index=False))
 
 
-def copy_members(spec: Ensemble, src, dst) -> list[str]:
+def copy_members(spec: Ensemble, src, dst, members=None) -> list[str]:
     """Copy into the results folder ``dst`` each member of ``spec`` that the
     results folder ``src`` has exported, whole and with the config ``spec``
     trains it with (:func:`exported`), and ``dst`` has not (a damaged or
     foreign export there is replaced); each member folder (with its twin's
     beside ``unchanged``) is copied to a temporary sibling and renamed into
     place, then ``dst``'s spec and index are written. Returns the copied
-    members' labels (none where ``src`` is missing or is ``dst`` itself).
+    members' labels (none where ``src`` is missing or is ``dst`` itself); ``members``: only these indices.
     How exports travel between a run store's results and a committed copy,
     either way."""
     src, dst = Path(src).expanduser(), Path(dst).expanduser()
@@ -134,7 +134,7 @@ def copy_members(spec: Ensemble, src, dst) -> list[str]:
         return []
     copied = []
     for arm in spec.trained_arms():
-        for i in range(spec.members):
+        for i in range(spec.members) if members is None else sorted(members):
             if exported(spec, arm, i, dst) is not None or exported(spec, arm, i, src) is None:
                 continue
             set_aside(spec, arm, i, dst)  # a damaged or foreign export in the way

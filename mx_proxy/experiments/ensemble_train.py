@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from mx_proxy.experiments import branch as _branch
 from mx_proxy.experiments import ensemble as _ens
+from mx_proxy.experiments import lean as _lean
 from mx_proxy.experiments.ensemble import Ensemble
 from mx_proxy.experiments.ensemble_result import EnsembleResult, load
 from mx_proxy.runner import loop as runner
@@ -26,7 +27,7 @@ def _default_name(base: Config, kind: str, branch_at: int | None) -> str:
 def ensemble(source, *, arms, members: int, horizon: int, branch_at: int | None = None, kind: str | None = None,
              name: str | None = None, out=None, epsilon: float = 0.0, first_seed: int = 1,
              diagnostics_every: int | None = None, checkpoint_every: int = 100, jobs: int = 1,
-             group_size: int | None = None, progress: bool = True) -> EnsembleResult:
+             group_size: int | None = None, lean: bool = False, progress: bool = True) -> EnsembleResult:
     """Train ``members`` replicas per arm and return their rates.
 
     Args:
@@ -41,6 +42,8 @@ def ensemble(source, *, arms, members: int, horizon: int, branch_at: int | None 
         an interrupted ensemble resumes there.
       jobs, group_size: worker processes, and members per unit of work
         (:func:`mx_proxy.experiments.ensemble.run`).
+      lean: the lean mode for rates (:mod:`mx_proxy.experiments.lean`): diagnostics only every
+        ``diagnostics_every`` steps if given (the signals to score), else never; the loss every step either way.
       progress: progress bars and a line per finished unit; ``False`` trains
         silently (a notebook's output then stays the same when a rerun loads
         the members instead of training them).
@@ -64,6 +67,9 @@ def ensemble(source, *, arms, members: int, horizon: int, branch_at: int | None 
     spec = Ensemble(name, kind, base, tuple([arms] if isinstance(arms, str) else arms), members, horizon,
                     branch_at=branch_at, epsilon=epsilon, first_seed=first_seed, diagnostics_every=diagnostics_every,
                     checkpoint_every=checkpoint_every)
+    if lean:
+        spec = _lean.lean(spec, signals=diagnostics_every is not None, twin=True,
+                          period=diagnostics_every or _lean.SIGNAL_PERIOD)
     out = checked_path(_ens.default_out(name) if out is None else out, "the ensemble's folder (out)", folder=True)
     if kind == "branch" and isinstance(source, Config):
         source = runner.train(source, store=out / "runs", progress=progress)

@@ -37,6 +37,7 @@ import jax
 import numpy as np
 import pandas as pd
 
+from mx_proxy.runner import device as _device
 from mx_proxy.runner import interrupt
 from mx_proxy.runner import progress as _progress
 from mx_proxy.runner.interrupt import Stopped, interruptible, stop  # noqa: F401 (stop: part of this API)
@@ -67,7 +68,7 @@ def _finish(member: Member, state: TrainState, frames, wall: float) -> Run:
     if diverged_at is not None:
         metrics = metrics[metrics["step"] <= diverged_at].reset_index(drop=True)
     run = Run(member.config, metrics, diverged_at, jax.device_get(state.params), member.wall_before + wall,
-              dict(member.info))
+              dict(member.info, device=_device.joined(member.info.get("device"), _device.describe())))
     if member.sink.directory is None:
         run.checkpoints = member.sink.memory
     return run
@@ -92,6 +93,7 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
     stopped = [bool(np.asarray(m.state.diverged)) for m in group]
     ckpt_steps = set(c0.checkpoint_steps())
     meta = {"code_version": _store.code_version()}
+    here = _device.describe()  # each checkpoint records the machines its member trained on so far
     t = start
     while t < c0.steps and not all(stopped):
         n = segment_length(c0, t)
@@ -124,6 +126,7 @@ def run_members(group: list[Member], start: int, *, bar=None, shard: bool = True
                 _checkpoint(group[i], t, unstack(host, i), frames[i],
                             dict(meta, config_hash=group[i].config.hash(), parent=group[i].info.get("parent"),
                                  wall_time_s=group[i].wall_before + spent,
+                                 device=_device.joined(group[i].info.get("device"), here),
                                  **({"stopped": True} if t not in ckpt_steps else {})))
         if halt:
             raise Stopped(t, [Run(group[i].config, pd.concat(frames[i], ignore_index=True), None,

@@ -59,6 +59,8 @@ def prepare_member(config: Config, st: _store.Store | None, key: str, force: boo
             ckpt.set_aside(sink.directory, step, str(e))
             continue
         info["resumed_from"] = step
+        if meta.get("device"):
+            info["device"] = meta["device"]  # the machines of the stretches before this one
         wall = float(meta.get("wall_time_s", 0.0))  # the stretches before this one
         return Member(config, state, teacher, sink, step, [past], info, wall)
     return Member(config, state, teacher, sink, 0, [], info, 0.0)

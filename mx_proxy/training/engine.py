@@ -12,8 +12,8 @@ segment length. Every ``diagnostics_every``-th step is a diagnostic step
 ``Config.quant_stats`` per-operand quantization statistics:
 :mod:`mx_proxy.training.diagnostic_step`): the diagnostics sit in a
 ``lax.cond`` on ``t % P == 0`` whose other branch gives NaN of the same
-shapes, so the plain steps skip their cost on one device (under a sweep's
-``vmap`` a cond runs both branches and selects). A run with a controller
+shapes, so the plain steps skip their cost (under a sweep's ``vmap`` too: its
+predicate, the step, is the same for every member, so it stays a cond). A run with a controller
 has one more ``lax.cond``: the step with some unit promoted, or the plain
 step (see :meth:`Program._step`).
 

@@ -185,3 +185,77 @@ def test_queue_trains_exports_skips_and_resumes_from_exports(raw, tmp_path):
     assert [u.label for u in again] == ["t-seed seeds 102-102"]
     assert json.loads((export / "t-seed" / "bf16-m01" / "run.json").read_text())["key"] == json.loads(before)["key"]
     assert load_ensemble(export / "t-seed").runs["bf16"][1].metrics.equals(metrics)
+
+
+def _members(export, plan):
+    """{(study, arm, member): (metrics, key)} of every member exported in ``export``."""
+    out = {}
+    for s in plan.studies:
+        if not (export / s.id).is_dir():
+            continue
+        for arm, runs in load_ensemble(export / s.id).runs.items():
+            for i, r in enumerate(runs):
+                if r is not None:
+                    out[(s.id, arm, i)] = (r.metrics, r.info.get("key"))
+    return out
+
+
+def _same_members(a: dict, b: dict):
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert a[k][1] == b[k][1] and a[k][0].equals(b[k][0]), k
+
+
+def test_a_budget_cuts_a_unit_at_a_segment_and_the_resumed_queue_ends_as_an_uninterrupted_one(raw, tmp_path):
+    plan = _tiny_plan(raw, tmp_path)
+    whole = tmp_path / "whole"
+    plan_queue.run_queue(plan, "cpu", whole / "store", whole / "export", progress=False, log=lambda *_: None)
+    ticks = iter(range(10 ** 6))  # a clock that advances one "second" each time it is read: a deterministic cut
+
+    def clock():
+        return float(next(ticks))
+
+    store, export, logged, calls = tmp_path / "store", tmp_path / "export", [], 0
+    while plan_queue.pending(plan, "cpu", export) and calls < 40:
+        plan_queue.run_queue(plan, "cpu", store, export, seconds=5, min_seconds=0, progress=False,
+                             log=logged.append, clock=clock)
+        calls += 1
+    cuts = [line for line in logged if "cut short" in line]
+    assert calls > 1 and cuts and "checkpointed" in cuts[0], logged
+    assert any("member-steps of the members finished here" in line for line in logged)
+    _same_members(_members(export, plan), _members(whole / "export", plan))
+
+
+def test_a_window_resumes_from_committed_members_and_exports_only_new_ones(raw, tmp_path):
+    plan = _tiny_plan(raw, tmp_path)
+    committed, logged = tmp_path / "results", []
+    done = plan_queue.run_queue(plan, "cpu", tmp_path / "store1", committed, progress=False, log=logged.append)
+    assert [u.label for u in done][:1] == ["t-seed seeds 101-101"]
+    shutil.rmtree(committed / "t-seed" / "bf16-m01")
+    shutil.rmtree(committed / "t-branch")
+    out = tmp_path / "OUT"  # a new window: a fresh machine (store), the committed members in its tree
+    again = plan_queue.run_queue(plan, "cpu", tmp_path / "store2", out, committed=committed, progress=False,
+                                 log=logged.append)
+    assert [u.label for u in again] == ["t-seed seeds 102-102", "t-branch seeds 1-1"]
+    assert plan_queue.pending(plan, "cpu", out, committed=committed) == []
+    fp32 = sorted(p.name for p in (out / "t-seed").iterdir() if (p / "run.json").exists())
+    assert fp32 == ["bf16-m01", "fp32-m01"]  # only the unit trained here; the committed members are not copied
+
+
+def test_the_lean_queue_trains_the_same_losses_and_refuses_a_group_that_does_not_fit_a_unit(raw, tmp_path):
+    plan = _tiny_plan(raw, tmp_path)
+    plan_queue.run_queue(plan, "cpu", tmp_path / "s1", tmp_path / "full", progress=False, log=lambda *_: None)
+    plan_queue.run_queue(plan, "cpu", tmp_path / "s2", tmp_path / "lean", lean=True, progress=False,
+                         log=lambda *_: None)
+    assert read_spec(tmp_path / "lean" / "t-branch").diagnostics == 0  # no hypothesis scores its signals
+    full, lean = _members(tmp_path / "full", plan), _members(tmp_path / "lean", plan)
+    assert sorted(full) == sorted(lean)
+    for k in full:  # the loss every step, bit for bit (a CPU), with and without the diagnostics
+        assert np.array_equal(full[k][0]["loss"].to_numpy(), lean[k][0]["loss"].to_numpy()), k
+    # a study's export folder holds one mode's members
+    with pytest.raises(ValueError, match="diagnostics_every"):
+        plan_queue.run_queue(plan, "cpu", tmp_path / "s1", tmp_path / "full", lean=True, progress=False,
+                             log=lambda *_: None)
+    assert plan_queue.main(["cpu", "--store", str(tmp_path / "s3"), "--export", str(tmp_path / "e3"),
+                            "--plan", str(tmp_path / "plan.json"), "--group-size", "2"]) == 2
+    assert not (tmp_path / "s3").exists() and not (tmp_path / "e3").exists()

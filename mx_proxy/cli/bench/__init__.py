@@ -17,6 +17,7 @@ BENCHMARKS = {
     "compile": "mx_proxy.cli.bench.compile",
     "kernels": "mx_proxy.cli.bench.kernels",
     "members": "mx_proxy.cli.bench.members",
+    "processes": "mx_proxy.cli.bench.processes",
     "diagnostics": "mx_proxy.cli.bench.diagnostics",
 }
 
