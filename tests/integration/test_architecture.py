@@ -2,7 +2,7 @@
 
 ``mx_proxy``'s subpackages are the layers, lowest first (docs/architecture.md)::
 
-    numerics -> pallas -> nn -> training -> store -> runner -> experiments -> viz -> cli
+    numerics -> pallas -> nn -> interop -> training -> store -> runner -> experiments -> viz -> cli
 
 Every module imports, at module level, only modules of its own layer or of a
 lower one; package nodes (``__init__.py``) count as modules of their layer, and
@@ -23,7 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "mx_proxy"
-LAYERS = ("numerics", "pallas", "nn", "training", "store", "runner", "experiments", "viz", "cli")
+LAYERS = ("numerics", "pallas", "nn", "interop", "training", "store", "runner", "experiments", "viz", "cli")
 LEAVES = ("mx_proxy.version",)  # below every layer; import nothing of the project
 MAX_LINES = 400
 

@@ -1,0 +1,17 @@
+"""MX recipes on any Flax model: the proxy's numerics as a drop-in for a researcher's own network.
+
+Between ``nn`` (the proxy's layers, which it reuses as they are) and
+``training``. Its modules:
+
+* :mod:`~mx_proxy.interop.dot_general`, :mod:`~mx_proxy.interop.einsum`: ``mx_dot_general`` (any
+  dimension numbers, the dense layer's custom VJP per product) and ``mx_einsum``;
+* :mod:`~mx_proxy.interop.layers`: what a matched layer computes, and the drop-ins
+  ``MXDotGeneral`` / ``MXEinsum`` for ``nn.Dense(dot_general=...)``, ``nnx.Einsum(einsum_op=...)``;
+* :mod:`~mx_proxy.interop.rules`: module-path globs → recipes, first match wins;
+* :mod:`~mx_proxy.interop.linen` (``quantize``), :mod:`~mx_proxy.interop.nnx_model`
+  (``quantize_nnx``): one call on an unmodified model;
+* :mod:`~mx_proxy.interop.rounding`: stochastic-rounding keys (``rounding_key``);
+* :mod:`~mx_proxy.interop.capture`: per-operand quantization statistics (``operand_statistics``).
+
+docs/interop.md is the guide.
+"""
