@@ -14,10 +14,12 @@ from mx_proxy.store import tables
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 2**20
-BUDGET = 48 * MIB
-"""Issue 59 asks for 40 MiB; with every committed result converted the tree is 47.1 MiB (49,347,510 bytes,
-33.5 MB of it run tables at ~3.1 bytes per float32 value recorded every step, the lossless floor), so the budget
-holds today's tree with ~1 MiB to spare: a change that needs more says so here."""
+BUDGET = 56 * MIB
+"""Issue 59 asks for 40 MiB; with every committed result converted the tree was 47.1 MiB (49,347,510 bytes,
+33.5 MB of it run tables at ~3.1 bytes per float32 value recorded every step, the lossless floor), and the plan's
+first 24 CPU members (results/plan/h4-cpu, ~170 kB each) brought it to 51.1 MiB. 56 MiB leaves 8 MiB of the
+64 MiB a GPU job carries; the plan's ~300 more members do not fit in git at this size, so a change that needs
+more says so here (and the members' per-step columns, or where results live, is the decision to make)."""
 
 
 def _tracked() -> list[Path]:
