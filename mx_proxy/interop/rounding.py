@@ -9,7 +9,7 @@ by default ``fold_in(key, crc32(path))``; the n-th further call of the same
 layer within one context folds in n as well. Inside the layer the proxy's
 dense layer folds in each operand's index
 (:func:`mx_proxy.nn.dense.operand_key`). A bare drop-in
-(:class:`~mx_proxy.interop.dropin.MXDotGeneral` with no path) folds in the
+(:class:`~mx_proxy.interop.layers.MXDotGeneral` with no path) folds in the
 count of such calls instead. Deterministic recipes read no key.
 
 The context is read when the model is traced: open it inside the jitted
