@@ -6,6 +6,12 @@
     python scripts/suite_time.py --reuse-venv    # skip the install: the clone uses this checkout's .venv
     python scripts/suite_time.py --compile-log DIR   # and where the test processes' compilation time went
     python scripts/suite_time.py --pytest-args "--junitxml=/tmp/j.xml --durations=0"   # appended to the command
+    python scripts/suite_time.py --tier e2e      # the README's end-to-end tier instead (its unit tier is the default)
+    python scripts/suite_time.py --warm          # then the same command again on the caches the first run left
+
+The tiers: ``unit`` is the README's test command (the first line of its opening code block that runs pytest),
+``e2e`` its end-to-end command (the line that runs ``pytest … -m e2e``), run in the clone after the unit tier's
+install (``--reuse-venv`` skips it for both).
 
 Prints one block: the commit, the CPU (model, cores, AVX2/AVX512-BF16/AMX), its measured float32 and bf16
 GEMM speed (2048×512 @ 512×2048, the width-512 batch-2048 step's shape, in GFLOP/s, measured after the
@@ -33,14 +39,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def readme_test_command(readme: Path) -> str:
-    """The README's second command (install and run the tests): the first line of its opening code block that
-    runs pytest."""
+TIERS = ("unit", "e2e")
+"""The README's two test commands: the unit tier (its default run) and the end-to-end tier (``-m e2e``)."""
+
+
+def readme_test_command(readme: Path, tier: str = "unit") -> str:
+    """The README's command for ``tier`` (one of :data:`TIERS`): ``unit``, the first line of its opening code
+    block that runs pytest (install and run the tests); ``e2e``, the first that runs pytest with ``-m e2e``."""
+    if tier not in TIERS:
+        raise ValueError(f"tier={tier!r}; valid: {', '.join(TIERS)}")
     block = readme.read_text().split("```bash", 1)[1].split("```", 1)[0]
-    lines = [line for line in block.splitlines() if "pytest" in line and not line.lstrip().startswith("#")]
+    lines = [line.strip() for line in block.splitlines() if "pytest" in line and not line.lstrip().startswith("#")]
+    lines = [line for line in lines if bool(re.search(r"-m\s+['\"]?e2e\b", line)) == (tier == "e2e")]
     if not lines:
-        raise SystemExit(f"{readme}: no pytest command in its opening code block")
-    return lines[0].strip()
+        raise SystemExit(f"{readme}: no {tier} pytest command in its opening code block")
+    return lines[0]
 
 
 def gemm_gflops(python: str, env: dict) -> dict:
@@ -83,6 +96,8 @@ def main(argv=None) -> int:
     p.add_argument("--compile-log", metavar="DIR", help="record compile time per test and per program into DIR "
                    "(new or empty; tests/compile_log.py) and print the summary")
     p.add_argument("--pytest-args", default="", help="extra arguments appended to the README's pytest command")
+    p.add_argument("--tier", choices=TIERS, default="unit", help="which of the README's test commands (default unit)")
+    p.add_argument("--warm", action="store_true", help="then run the command again on the caches the first left")
     args = p.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from mx_proxy.cli.bench import machine
@@ -100,7 +115,7 @@ def main(argv=None) -> int:
     cache = tempfile.mkdtemp(prefix="suite-time-cache-")
     env = dict(os.environ, PROXY_COMPILE_CACHE=cache)
     env.pop("VIRTUAL_ENV", None)
-    command = f"{readme_test_command(where / 'README.md')} {args.pytest_args}".strip()
+    command = f"{readme_test_command(where / 'README.md', args.tier)} {args.pytest_args}".strip()
     if log_dir is not None:
         env["MX_PROXY_TEST_COMPILE_LOG"] = str(log_dir)
     if args.reuse_venv:
@@ -110,19 +125,36 @@ def main(argv=None) -> int:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(where), env.get("PYTHONPATH")]))
     else:
         python = str(where / ".venv" / "bin" / "python")
+        if args.tier == "e2e":  # the end-to-end command runs in the unit tier's environment: install it first
+            unit = readme_test_command(where / "README.md", "unit")
+            install = unit.rsplit("&&", 1)[0]
+            subprocess.run(install, shell=True, executable="/bin/bash", cwd=where, env=env, check=True,
+                           capture_output=True)
+            command = f". .venv/bin/activate && {command}"
     try:
         proc, wall, cpu = run_timed(command, cwd=where, env=env)
+        # warm: the test run again (not the install), on the compilation caches the cold run filled
+        again = command if args.reuse_venv else f". .venv/bin/activate && {command.split('&&')[-1].strip()}"
+        warm = run_timed(again, cwd=where, env=env) if args.warm else None
         speed = gemm_gflops(python, env)  # after the command: it installed the clone into its venv
     finally:
         shutil.rmtree(cache, ignore_errors=True)
-    what = "pytest only, this checkout's venv" if args.reuse_venv else "venv, install, pytest"
+    what = ("pytest only, this checkout's venv" if args.reuse_venv
+            else "pytest only, after the unit tier's install" if args.tier == "e2e" else "venv, install, pytest")
     summary = [line for line in proc.stdout.splitlines() if re.search(r"\b(passed|failed|error)", line)]
     here = machine.cpu()
     print(f"commit: {commit}\ncpu: {machine.describe(here)}\n"
           f"gemm 2048x512x2048: f32 {speed['f32']:.0f} GFLOP/s, bf16 {speed['bf16']:.0f} GFLOP/s\n"
-          f"README test command ({what}): {wall / 60:.1f} min\n"
+          f"README {args.tier} tier, cold ({what}; empty compilation cache): {wall / 60:.1f} min\n"
           f"cpu used: {cpu_share(cpu, wall, here['cores'])}\n"
           f"pytest: {summary[-1].strip('= ') if summary else '(no summary line)'}")
+    if warm is not None:
+        wproc, wwall, wcpu = warm
+        wsummary = [line for line in wproc.stdout.splitlines() if re.search(r"\b(passed|failed|error)", line)]
+        print(f"README {args.tier} tier, warm (pytest again on the caches of the cold run): {wwall / 60:.1f} min\n"
+              f"cpu used: {cpu_share(wcpu, wwall, here['cores'])}\n"
+              f"pytest: {wsummary[-1].strip('= ') if wsummary else '(no summary line)'}")
+        proc = proc if proc.returncode else wproc
     if log_dir is not None:
         sys.path.insert(0, str(where / "tests"))
         from compile_log import summary as compile_summary

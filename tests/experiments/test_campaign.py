@@ -47,6 +47,7 @@ def test_plan_rejects_unknown_parts_and_scales_without_a_campaign():
         campaign.plan("quick")
 
 
+@pytest.mark.e2e
 def test_smoke_campaign_exports_every_kind_and_loads_back(smoke):
     out, index = smoke
     assert set(index["kind"]) == set(campaign.KINDS)
@@ -70,6 +71,7 @@ def test_smoke_campaign_exports_every_kind_and_loads_back(smoke):
     assert pd.read_csv(out / "results" / "index.csv").shape[0] == len(index)
 
 
+@pytest.mark.e2e
 def test_an_export_is_the_same_bytes_whatever_order_the_interventions_keys_came_in(smoke, tmp_path):
     out, _ = smoke
     child = next(r for r in campaign.load_results(out / "results") if r.info["kind"] == "intervention")
@@ -80,6 +82,7 @@ def test_an_export_is_the_same_bytes_whatever_order_the_interventions_keys_came_
     assert (a / "run.json").read_bytes() == (b / "run.json").read_bytes()
 
 
+@pytest.mark.e2e
 def test_paired_recipes_share_one_fp32_run(smoke):
     out, _ = smoke
     paired = [r for r in campaign.load_results(out / "results", ("paired",))]
@@ -88,6 +91,7 @@ def test_paired_recipes_share_one_fp32_run(smoke):
     assert paired[0].metrics["zeta_paper"].notna().all()  # the paper's zeta every step
 
 
+@pytest.mark.e2e
 def test_interventions_after_divergence_skip_a_stable_parent(smoke):
     out, _ = smoke
     s = scales.get("smoke")
@@ -97,6 +101,7 @@ def test_interventions_after_divergence_skip_a_stable_parent(smoke):
     assert sum("no interventions needed" in line for line in lines) == 2
 
 
+@pytest.mark.e2e
 def test_the_late_intervention_replays_to_a_step_without_a_checkpoint(tmp_path, monkeypatch):
     s = scales.get("smoke")  # paired runs of 60 steps, checkpointed at 30
     s = dataclasses.replace(s, campaign=dataclasses.replace(
@@ -123,12 +128,14 @@ def test_seconds_per_step_times_a_twin_group():
     assert 0 < one and 0 < both
 
 
+@pytest.mark.e2e
 def test_a_second_campaign_call_loads_everything(smoke):
     out, index = smoke
     again = campaign.run("smoke", out, kinds=("paired", "control"), progress=False, log=lambda *_: None)
     assert again.shape[0] == index.shape[0]
 
 
+@pytest.mark.e2e
 def test_headline_figures_come_from_the_largest_scale_with_results(smoke, tmp_path, monkeypatch):
     out, _ = smoke
     root = tmp_path / "results"
@@ -144,6 +151,7 @@ def test_headline_figures_come_from_the_largest_scale_with_results(smoke, tmp_pa
                          log=lambda *_: None)
 
 
+@pytest.mark.e2e
 def test_campaign_figures_draw_everything_a_results_folder_holds(smoke, tmp_path):
     out, _ = smoke
     paths = figures.campaign_figures(out / "results", out=str(tmp_path))
@@ -199,6 +207,7 @@ def _fake_partial(out, entry, metrics, steps, mark):
     return folder.parent
 
 
+@pytest.mark.e2e
 def test_status_reads_done_partial_and_missing_runs_without_training(smoke, tmp_path):
     from mx_proxy.experiments import campaign_status
 
@@ -231,6 +240,7 @@ def test_status_reads_done_partial_and_missing_runs_without_training(smoke, tmp_
     assert (empty["state"] == "not started").all() and (empty["step"] == 0).all()
 
 
+@pytest.mark.e2e
 def test_cli_campaign_status_prints_the_table(smoke, capsys):
     out, _ = smoke
     assert cli.main(["campaign", "--scale", "smoke", "--out", str(out), "--status", "--only", "paired"]) == 0

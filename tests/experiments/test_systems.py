@@ -211,7 +211,7 @@ def smoke_runs():
     return systems.runs("smoke", systems=["fp32", "mxfp4", "mxfp4_2d", "gnmr + mxfp4"], progress=False)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_table_on_smoke_runs(smoke_runs):
     s = scales.get("smoke")
     assert set(smoke_runs) == {Key(n, st, seed) for n in ("fp32", "mxfp4", "mxfp4_2d", "gnmr + mxfp4")
@@ -236,7 +236,7 @@ def test_table_on_smoke_runs(smoke_runs):
             assert row["low_precision_frac"] == pytest.approx(run.metrics["low_precision_frac"].mean())
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_forward_and_dgrad_weights_agree_only_with_2d_tiles(smoke_runs):
     one_d = smoke_runs[Key("mxfp4", "base", 0)]
     assert (systems.transpose_mismatch(one_d) > 0).all()

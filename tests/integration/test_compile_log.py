@@ -9,6 +9,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from mx_proxy.cli.bench import machine
 
@@ -91,3 +92,33 @@ def test_suite_time_counts_the_cpu_of_grandchildren_and_states_it_per_core():
     assert proc.returncode == 0 and own >= 0.3
     assert own <= cpu <= wall * cores + 0.05
     assert st.cpu_share(300.0, 200.0, 2) == "1.50 of 2 cores busy on average (75 %; 5.0 CPU-min)"
+
+
+def test_suite_time_reads_each_tier_from_the_readme(tmp_path):
+    """The unit tier is the opening block's first pytest line without ``-m e2e``, the end-to-end tier the one
+    with it, whichever comes first; comments are skipped, an unknown tier is a ValueError naming the choices."""
+    st = _suite_time()
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\n```bash\n# python -m pytest -m e2e commented out\npython -m pytest -q -m e2e\n"
+                      "pip install -e . && python -m pytest -n 3 -q\n```\n\n```bash\npython -m pytest later\n```\n")
+    assert st.readme_test_command(readme) == "pip install -e . && python -m pytest -n 3 -q"
+    assert st.readme_test_command(readme, "e2e") == "python -m pytest -q -m e2e"
+    with pytest.raises(ValueError, match="tier='slow'; valid: unit, e2e"):
+        st.readme_test_command(readme, "slow")
+    readme.write_text("```bash\npip install -e . && python -m pytest -q\n```\n")
+    with pytest.raises(SystemExit, match="no e2e pytest command"):
+        st.readme_test_command(readme, "e2e")
+
+
+def test_the_readme_prints_both_tiers_and_ci_runs_them_as_printed():
+    """The README's two test commands are what .ci/run runs, verbatim (less the unit tier's venv creation,
+    which .ci/run does first), each as its own timed step."""
+    st = _suite_time()
+    root = Path(__file__).resolve().parents[2]
+    ci = (root / ".ci" / "run").read_text()
+    for tier in st.TIERS:
+        command = st.readme_test_command(root / "README.md", tier)
+        command = command.replace("python3 -m venv .venv && . .venv/bin/activate && ", "")
+        assert command in ci, (tier, command)
+        assert f"ci step {1 + st.TIERS.index(tier)}" in ci
+    assert "-m e2e" not in st.readme_test_command(root / "README.md", "unit")

@@ -37,7 +37,7 @@ F32_OPTIONS = compiler_options(mxp.Config(dot="f32"))
 # --------------------------------------------------------------------------- both dot paths
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_library_vectors_hold_with_ynnpack_off():
     """tests/integration/test_library_vectors.py in a fresh process with YNNPACK forced off
     (the suite itself runs them with YNNPACK where it applies): the dot-path-dependent ones, each Linear case

@@ -4,8 +4,11 @@ fresh work folder resumes from those exports (as from committed ones) without tr
 
 import gpu_scripts
 import pandas as pd
+import pytest
 
 from mx_proxy.experiments import cell_rates
+
+pytestmark = pytest.mark.e2e  # runs the real GPU script end to end on the CPU
 
 ROOT = gpu_scripts.ROOT
 TINY = ["--scale", "smoke", "--steps", "30", "--members", "2"]

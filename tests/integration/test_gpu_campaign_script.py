@@ -2,8 +2,11 @@
 copies the results and figures into ``$OUT`` and prints the headline report."""
 
 import gpu_scripts
+import pytest
 
 from mx_proxy.experiments import report
+
+pytestmark = pytest.mark.e2e  # runs the real GPU script end to end on the CPU
 
 
 def test_gpu_campaign_script_copies_results_figures_and_the_report(tmp_path):

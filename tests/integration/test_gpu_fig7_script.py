@@ -6,10 +6,13 @@ import dataclasses
 
 import gpu_scripts
 import numpy as np
+import pytest
 
 import mx_proxy as mxp
 from mx_proxy.experiments import ensemble as E
 from mx_proxy.experiments import report
+
+pytestmark = pytest.mark.e2e  # runs the real GPU script end to end on the CPU
 
 PARENT = mxp.Config(width=16, depth=2, batch=32, steps=30, lr=3e-3, recipe="paper_e4m3", paired_run=True,
                     diagnostics_every=5, checkpoint_at=(20,))

@@ -7,6 +7,9 @@ import sys
 import tarfile
 
 import gpu_scripts
+import pytest
+
+pytestmark = pytest.mark.e2e  # runs the real GPU script end to end on the CPU
 
 
 def lease(tmp_path, timeout=300, **env):

@@ -3,8 +3,11 @@ from seed 9 on, copies its exports into ``$OUT`` (never into the repository) and
 second call trains nothing, nor does a fresh work folder that starts from those exports (as from committed ones)."""
 
 import gpu_scripts
+import pytest
 
 from mx_proxy.experiments import ensemble_result, report
+
+pytestmark = pytest.mark.e2e  # runs the real GPU script end to end on the CPU
 
 TINY = ["--width", "16", "--steps", "30", "--horizon", "30", "--batch", "32", "--members", "2", "--group-size", "2",
         "--arms", "fp32", "mxfp8_e4m3"]

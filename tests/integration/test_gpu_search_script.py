@@ -4,9 +4,12 @@ and prints the status; a second call trains nothing."""
 
 import gpu_scripts
 import pandas as pd
+import pytest
 
 from mx_proxy.experiments import ensemble as E
 from mx_proxy.experiments import unstable_search as U
+
+pytestmark = pytest.mark.e2e  # runs the real GPU script end to end on the CPU
 
 ROOT = gpu_scripts.ROOT
 

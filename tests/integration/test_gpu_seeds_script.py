@@ -2,8 +2,11 @@
 copies its exports into ``$OUT`` and prints the ensemble's report; a second call loads, trains nothing."""
 
 import gpu_scripts
+import pytest
 
 from mx_proxy.experiments import ensemble_result, report
+
+pytestmark = pytest.mark.e2e  # runs the real GPU script end to end on the CPU
 
 
 def _call(work, out):

@@ -36,6 +36,7 @@ def tiny_plan(tmp_path):
     return f
 
 
+@pytest.mark.e2e
 def test_gpu_session_starts_no_unit_without_the_time_for_it(tmp_path):
     done = session(tmp_path, 35, tmp_path / "out", PLAN=str(tiny_plan(tmp_path)))
     assert done.returncode == 0, done.stderr[-3000:]

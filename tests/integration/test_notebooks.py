@@ -95,7 +95,7 @@ def _assert_ran_and_shows_its_figures(nb):
 EXPLORE = NOTEBOOKS[0].parent / "10_explore.ipynb"
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p != EXPLORE], ids=lambda p: p.stem)
 def test_notebook_runs_at_smoke_scale_and_shows_its_figures(path, tmp_path, monkeypatch):
     nb, client = _smoke_client(path, tmp_path, monkeypatch)
@@ -113,7 +113,7 @@ def _output(cell, mime: str) -> str:
     return text
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_notebook_10_runs_and_its_results_follow_the_train_button(tmp_path, monkeypatch):
     """Notebook 10 top to bottom at the smoke scale (as the other notebooks), then, in the same kernel, Train
     pressed with another seed and step count and the results cell rerun: it shows the new runs (panel.runs)."""

@@ -40,6 +40,7 @@ def test_the_tour_names_the_checkpoint_its_intervention_needs():
     assert f"--checkpoint-at {at}" in BASH
 
 
+@pytest.mark.e2e
 def test_python_tour_runs_as_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code = _shrink(PYTHON, SMALL_PY).replace("mxp.train(cfg,", "mxp.train(cfg, progress=False,")
@@ -61,6 +62,7 @@ def _commands():
             yield shlex.split(_shrink(line, SMALL_CLI))[1:]
 
 
+@pytest.mark.e2e
 def test_command_line_tour_runs_as_written(tmp_path):
     commands = list(_commands())
     assert [c[0] for c in commands] == ["train", "intervene", "sweep", "campaign", "ensemble"]

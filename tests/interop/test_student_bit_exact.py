@@ -51,7 +51,14 @@ def _train(loss, params, xs, ys, keys):
     return params
 
 
-@pytest.mark.parametrize("name", sorted(PRESETS))
+UNIT_TIER = ("fp32", "bf16", "paper_e4m3", "mxfp8_e4m3", "nvfp4", "mxfp4_2d")
+"""The presets the unit tier trains (each kind of code path: full precision, a bf16 cast, the authors'
+computation, MX with its E8M0 scale, NVFP4's two-level scale, a 2-D tile); the end-to-end tier trains every
+other preset too."""
+
+
+@pytest.mark.parametrize("name", [n if n in UNIT_TIER else pytest.param(n, marks=pytest.mark.e2e)
+                                  for n in sorted(PRESETS)])
 def test_plain_dense_student_trains_like_the_proxys(name):
     recipe = PRESETS[name]
     proxy = Student(WIDTH, DEPTH, act="relu", recipe=recipe)

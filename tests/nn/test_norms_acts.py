@@ -208,7 +208,7 @@ TINY = mxp.Config(width=32, depth=2, batch=32, steps=6, lr=3e-3, diagnostics_eve
 CELLS = [("rmsnorm", "relu2"), ("layernorm_noaffine", "silu")]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("norm,act", CELLS)
 def test_new_norms_and_acts_train_in_fp32_and_mx(norm, act):
     runs = mxp.sweep(TINY.replace(norm=norm, act=act), recipe=["fp32", "mxfp8_e4m3", "paper_e4m3"],

@@ -99,7 +99,7 @@ def test_entries_counts_cache_files(tmp_path):
     assert compile_cache.entries(tmp_path) == (1, 5)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_second_process_loads_every_program_from_the_cache(tmp_path):
     cache = tmp_path / "cache"
     first = _run(TRAIN, tmp_path, PROXY_COMPILE_CACHE=str(cache), EAGER_TOO="1")
@@ -164,7 +164,7 @@ def test_bench_compile_rejects_bad_arguments(capsys):
         assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_bench_compile_measures_cold_warm_and_a_new_program(tmp_path):
     out = subprocess.run([sys.executable, "-m", "mx_proxy.cli", "bench", "compile", "--steps", "200", "--cache",
                           str(tmp_path / "cache")], cwd=ROOT, capture_output=True, text=True, timeout=1200)

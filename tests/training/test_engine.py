@@ -90,7 +90,7 @@ def test_host_built_key_data_equals_jax_key_data(seed):
     assert np.array_equal(dynamic._key_data(seed), jax.random.key_data(jax.random.key(seed)))
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_two_hundred_steps_learn_in_fp32_and_mxfp8():
     cfg = mxp.Config(width=64, depth=2, batch=128, steps=200, lr=1e-3, diagnostics_every=20, val_every=100)
     fp32 = mxp.train(cfg, progress=False)

@@ -103,7 +103,7 @@ def test_train_live_reports_every_segment_and_the_end():
     assert seen == [(10, 10), (20, 20), (20, 20)] and len(run.metrics) == 20
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_train_button_path_trains_fp32_alongside_live_and_stores(tmp_path):
     store = tmp_path / "runs"
     panel = mxp.explore(store=store, **SMALL)

@@ -55,7 +55,7 @@ def test_systems_figure_has_an_entry_and_draws_a_table():
     plots.plt.close(fig)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_figures_command_writes_every_png_at_smoke_and_reuses_runs(tmp_path):
     store = tmp_path / "runs"
     env = dict(os.environ, MPLBACKEND="Agg")  # the suite's compilation cache, shared with the notebooks' kernels

@@ -54,6 +54,7 @@ def test_worst_operand_is_the_lowest_snr_and_the_highest_of_the_rest():
     assert np.isnan(worst_operand(m, "clamp_frac").iloc[1])
 
 
+@pytest.mark.e2e
 def test_the_explorer_adds_the_worst_operand_panels_when_quant_stats_is_on():
     small = dict(width=16, depth=1, batch=16, steps=10, diagnostics_every=5, val_every=5, val_batches=1)
     assert panels(mxp.Config()) == PANELS
