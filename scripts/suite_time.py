@@ -83,6 +83,12 @@ def run_timed(command: str, **kwargs) -> tuple[subprocess.CompletedProcess, floa
     return proc, wall, cpu
 
 
+def pytest_summary(stdout: str) -> str:
+    """pytest's last line (passed/failed/skipped) in ``stdout``."""
+    lines = [line for line in stdout.splitlines() if re.search(r"\b(passed|failed|error)", line)]
+    return lines[-1].strip("= ") if lines else "(no summary line)"
+
+
 def cpu_share(cpu: float, wall: float, cores: int) -> str:
     """``cpu`` CPU-seconds over ``wall`` seconds as cores busy, and as a share of the ``cores`` there are."""
     busy = cpu / wall if wall > 0 else 0.0
@@ -141,19 +147,17 @@ def main(argv=None) -> int:
         shutil.rmtree(cache, ignore_errors=True)
     what = ("pytest only, this checkout's venv" if args.reuse_venv
             else "pytest only, after the unit tier's install" if args.tier == "e2e" else "venv, install, pytest")
-    summary = [line for line in proc.stdout.splitlines() if re.search(r"\b(passed|failed|error)", line)]
     here = machine.cpu()
     print(f"commit: {commit}\ncpu: {machine.describe(here)}\n"
           f"gemm 2048x512x2048: f32 {speed['f32']:.0f} GFLOP/s, bf16 {speed['bf16']:.0f} GFLOP/s\n"
           f"README {args.tier} tier, cold ({what}; empty compilation cache): {wall / 60:.1f} min\n"
           f"cpu used: {cpu_share(cpu, wall, here['cores'])}\n"
-          f"pytest: {summary[-1].strip('= ') if summary else '(no summary line)'}")
+          f"pytest: {pytest_summary(proc.stdout)}")
     if warm is not None:
         wproc, wwall, wcpu = warm
-        wsummary = [line for line in wproc.stdout.splitlines() if re.search(r"\b(passed|failed|error)", line)]
         print(f"README {args.tier} tier, warm (pytest again on the caches of the cold run): {wwall / 60:.1f} min\n"
               f"cpu used: {cpu_share(wcpu, wwall, here['cores'])}\n"
-              f"pytest: {wsummary[-1].strip('= ') if wsummary else '(no summary line)'}")
+              f"pytest: {pytest_summary(wproc.stdout)}")
         proc = proc if proc.returncode else wproc
     if log_dir is not None:
         sys.path.insert(0, str(where / "tests"))

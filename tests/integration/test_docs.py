@@ -19,11 +19,13 @@ def test_readme_opens_with_the_two_commands_and_stays_short():
 
 
 def test_ci_runs_the_readmes_test_commands():
-    """Both tiers' commands (the unit tier less its venv creation) appear verbatim in .ci/run."""
+    """Both tiers' commands (the unit tier less its venv creation) appear verbatim in .ci/run, each its own
+    timed step."""
     lines = [line for line in README.split("```")[1].splitlines() if "pytest" in line and not line.startswith("#")]
     ci = (ROOT / ".ci" / "run").read_text()
-    assert len(lines) == 2 and "-m e2e" in lines[1]
+    assert len(lines) == 2 and "-m e2e" in lines[1] and "-m e2e" not in lines[0]
     assert lines[0].split("&& ", 2)[-1] in ci and lines[1] in ci
+    assert "ci step 1, the unit tier" in ci and "ci step 2, the end-to-end tier" in ci
 
 
 def test_every_link_resolves():

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tiers import unit_and_e2e
 
 from mx_proxy.nn import layers
 from mx_proxy.nn import resmlp as model
@@ -45,9 +46,8 @@ def _load(name):
 def _cases(d):
     """The cases of a vector file, each case's later seeds (``…_s1``, ``…_s2``: the same specs on other data, so
     the same code path) in the end-to-end tier only."""
-    names = sorted({k.split("/")[0] for k in d.files if "/" in k})
-    return [pytest.param(n, marks=pytest.mark.e2e) if n.rsplit("_", 1)[-1] in ("s1", "s2", "s3") else n
-            for n in names]
+    return unit_and_e2e(sorted({k.split("/")[0] for k in d.files if "/" in k}),
+                        lambda n: n.rsplit("_", 1)[-1] not in ("s1", "s2"))
 
 
 def _specs(d, case):

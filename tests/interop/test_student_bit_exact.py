@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tiers import unit_and_e2e
 
 from mx_proxy.interop.linen import quantize
 from mx_proxy.nn.blocks import layer_names
@@ -57,8 +58,7 @@ computation, MX with its E8M0 scale, NVFP4's two-level scale, a 2-D tile); the e
 other preset too."""
 
 
-@pytest.mark.parametrize("name", [n if n in UNIT_TIER else pytest.param(n, marks=pytest.mark.e2e)
-                                  for n in sorted(PRESETS)])
+@pytest.mark.parametrize("name", unit_and_e2e(sorted(PRESETS), lambda n: n in UNIT_TIER))
 def test_plain_dense_student_trains_like_the_proxys(name):
     recipe = PRESETS[name]
     proxy = Student(WIDTH, DEPTH, act="relu", recipe=recipe)

@@ -3,6 +3,7 @@
 import jax
 import numpy as np
 import pytest
+from tiers import unit_and_e2e
 
 import mx_proxy as mxp
 from mx_proxy.training import twins
@@ -34,7 +35,7 @@ def test_recipes_of_a_paired_sweep_share_one_reference_run(shared):
         np.testing.assert_array_equal(r.metrics["ref_loss"].values, ref)
 
 
-@pytest.mark.parametrize("i", [0] + [pytest.param(i, marks=pytest.mark.e2e) for i in range(1, len(RECIPES))])
+@pytest.mark.parametrize("i", unit_and_e2e(range(len(RECIPES)), lambda i: i == 0))
 def test_each_member_equals_its_separately_paired_run_bit_for_bit(shared, i):
     """Losses, the paired metrics (ref_loss, zeta_paper, cosine_paper), the
     diagnostics, validation losses and the final parameters (the unit tier checks the first member; the other
