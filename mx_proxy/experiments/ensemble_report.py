@@ -200,8 +200,9 @@ def _power_line(result) -> str:
           else f"no rate of an arm is told apart with {pct} probability")
     return (f"Pairs needed: how many pairs McNemar's test (level 0.05) needs to tell the two observed rates apart "
             f"with {pct} probability if outcomes were independent within a pair (a planning figure at the point "
-            f"estimates, not a result; correlated outcomes change it). With {pairs} pair{'s' * (pairs != 1)} and "
-            f"`{result.control}`'s rate {p:.2f}, {at}.")
+            f"estimates, not a result; correlated outcomes change it). With {pairs} pair{'s' * (pairs != 1)} (the "
+            f"fewest any arm shares with `{result.control}`) and `{result.control}`'s rate on them {p:.2f} "
+            f"({round(p * pairs)} of {pairs}), {at}.")
 
 
 def _loss_gap(result) -> list[str]:

@@ -85,7 +85,8 @@ def test_detectable_rates_over_the_pairs_at_hand(result):
     assert power.mcnemar_power(0.75, 0.0, 4) == 0.0
     text = "\n".join(ensemble_report._paired(result))
     assert "| pairs needed |" in text and "| 4 | 3 / 0 / 0 / 1 | 0.25 |" in text
-    assert "With 4 pairs and `unchanged`'s rate 0.75, no rate of an arm is told apart with 80 % probability." in text
+    assert ("With 4 pairs (the fewest any arm shares with `unchanged`) and `unchanged`'s rate on them 0.75 (3 of 4), "
+            "no rate of an arm is told apart with 80 % probability." in text)
 
 
 def test_loss_gap_over_stable_pairs_only(result):
