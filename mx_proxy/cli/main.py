@@ -24,6 +24,9 @@ from mx_proxy.cli.experiment_commands import add_experiment_commands, add_store_
 from mx_proxy.cli.help import cli_message
 from mx_proxy.cli.list_command import add_list_command
 from mx_proxy.cli.parser import Parser
+from mx_proxy.cli.plan_command import add_plan_options
+from mx_proxy.cli.plan_command import run as plan_report
+from mx_proxy.cli.plan_command import wanted as wants_plan
 from mx_proxy.cli.track_options import add_track_options, tracking_from_args
 from mx_proxy.experiments import (
     campaign,
@@ -130,7 +133,10 @@ def _campaign_status(args, out) -> int:
 
 
 def _report(args) -> int:
-    """``mx-proxy report``: a results folder as Markdown, or the report blocks of Markdown files rewritten."""
+    """``mx-proxy report``: a results folder as Markdown, or the report blocks of Markdown files rewritten, or the
+    plan's report (``--plan``)."""
+    if wants_plan(args):
+        return plan_report(args)
     try:
         if args.update and args.control:
             args.parser.error("--control applies to a results folder; a block keeps its own (`FOLDER --control ARM`)")
@@ -223,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
                           f"`{report.BEGIN.format('FOLDER --control ARM')}` keeps it")
     rep.add_argument("--figures", metavar="DIR", help="an ensemble's results: also draw its survival, blow-up-rate, "
                                                        "loss and warning-signal figures (of the members exported so "
-                                                       "far) into DIR")
+                                                       "far) into DIR; with --plan, the plan's effects figure")
+    add_plan_options(rep)
     rep.set_defaults(func=guard(_report), parser=rep)
 
     listing = "\n".join(f"  {name:<22} {FIGURE_DOCS[name]}" for name in FIGURES)

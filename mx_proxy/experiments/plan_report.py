@@ -27,7 +27,7 @@ from mx_proxy.experiments import plan as _plan
 from mx_proxy.experiments import plan_members, plan_signals, plan_stats, power
 from mx_proxy.experiments.ensemble_spec import TWIN
 
-__all__ = ["compute", "SENSITIVITY", "ranges", "SEED"]
+__all__ = ["compute", "select", "SENSITIVITY", "ranges", "SEED"]
 
 SENSITIVITY = (3.0, 30.0, 100.0)
 """The rule's factors of the plan's sensitivity table (secondary: it decides nothing)."""
@@ -133,7 +133,9 @@ def _test_row(plan, h, family: str, test, samples, results, studies: dict, level
     reads = _studies_of(plan, h, test)
     complete = all(studies[s]["status"] == "complete" for s in reads)
     row = {"hypothesis": h.id, "family": family, "kind": test.kind, "test": test.describe(), "studies": list(reads),
-           "arms": list(_refs(plan, h, test)), "planned_pairs": min(plan.study(s).members for s in reads),
+           "arms": list(_refs(plan, h, test)),
+           "planned_pairs": (len(h.arms) * plan.study(h.study).members if test.kind == "auc"
+                             else min(plan.study(s).members for s in reads)),
            "interim": not complete}
     if test.kind == "auc":
         result = results[h.study]
@@ -161,7 +163,7 @@ def _test_row(plan, h, family: str, test, samples, results, studies: dict, level
 def _holm(rows: list[dict], alpha: float) -> None:
     adjusted = plan_stats.holm([np.nan if r["pvalue"] is None else r["pvalue"] for r in rows])
     for r, p in zip(rows, adjusted):
-        r["holm_p"] = float(p)
+        r["holm_p"] = None if r["pvalue"] is None else float(p)
         r["family_size"] = len(rows)
         significant = bool(p <= alpha)
         if r["family"] == "primary":
@@ -192,6 +194,21 @@ def compute(plan, folder) -> dict:
         tests += [p] + secondary
     _holm(primary, plan.alpha)
     return {"plan": plan.name, "registered": plan.registered, "alpha": plan.alpha, "power": plan.power,
-            "folder": str(folder), "studies": list(studies.values()),
+            "folder": str(folder), "primary_family": len(plan.hypotheses), "studies": list(studies.values()),
             "hypotheses": [{"id": h.id, "study": h.study, "question": h.question} for h in plan.hypotheses],
             "tests": tests}
+
+
+def select(report: dict, studies) -> dict:
+    """``report`` limited to the studies ``studies`` (ids of its studies; a ValueError names an unknown one and
+    the valid ones) and the hypotheses with a test that reads one of them (all their tests); the numbers, Holm's
+    families included, stay those of the whole plan."""
+    ids = [s["id"] for s in report["studies"]]
+    keep = set(studies)
+    bad = sorted(keep - set(ids))
+    if bad:
+        raise ValueError(f"the plan has no study {bad[0]!r}; valid: {', '.join(ids)}")
+    hyps = {t["hypothesis"] for t in report["tests"] if set(t["studies"]) & keep}
+    return {**report, "studies": [s for s in report["studies"] if s["id"] in keep],
+            "hypotheses": [h for h in report["hypotheses"] if h["id"] in hyps],
+            "tests": [t for t in report["tests"] if t["hypothesis"] in hyps]}

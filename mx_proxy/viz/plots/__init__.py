@@ -5,7 +5,8 @@ The figures sit by subject: the number formats (:mod:`.formats`), loss
 curves (:mod:`.training`), gradient bias and its mechanism
 (:mod:`.gradients`), the GEMM operands' quantization statistics (:mod:`.quantization`), the systems:
 GNMR, 2-D FP4, NVFP4, nGPT (:mod:`.systems`), ensembles' rates,
-survival, members' losses and the warning signals before their blow-ups (:mod:`.ensemble`).
+survival, members' losses and the warning signals before their blow-ups (:mod:`.ensemble`), the plan's
+registered comparisons (:mod:`.plan`).
 
 This package never chooses a matplotlib backend: in Jupyter the kernel's
 inline backend shows each figure; headless entry points (the ``mx-proxy``
@@ -25,6 +26,7 @@ from mx_proxy.viz.plots.gradients import (
     paper_metric,
     reference_name,
 )
+from mx_proxy.viz.plots.plan import plan_effects
 from mx_proxy.viz.plots.quantization import quant_stats
 from mx_proxy.viz.plots.style import color, norm_label
 from mx_proxy.viz.plots.systems import systems
@@ -41,4 +43,4 @@ from mx_proxy.viz.plots.training import (
 __all__ = ["plt", "color", "norm_label", "sawtooth", "ln_collapse", "loss_grid", "lr_sweep", "lr_summary", "ablations",
            "gradient_bias", "paper_metric", "ln_clamping", "ln_gains", "mitigations", "interventions",
            "spikes_vs_shape", "sgd_momentum", "init_ablation", "systems", "reference_name", "survival", "blowup_rates",
-           "cell_rates", "trajectories", "signals_before", "quant_stats"]
+           "cell_rates", "trajectories", "signals_before", "quant_stats", "plan_effects"]
