@@ -1,0 +1,260 @@
+"""The plan's report (mx-proxy report --plan): its statistics against independent computations, the report on
+synthetic members, and the report on the committed results/plan against a recomputation from the run files."""
+
+import copy
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.stats import binomtest
+
+from mx_proxy.cli.main import main
+from mx_proxy.experiments import plan as P
+from mx_proxy.experiments import plan_members, plan_render, plan_report, plan_stats
+from mx_proxy.experiments.ensemble_export import export
+from mx_proxy.experiments.ensemble_spec import write_spec
+from mx_proxy.training.result import Run
+from mx_proxy.viz import plots
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = {"width": 16, "depth": 1, "batch": 32, "lr": 0.001, "steps": 300, "dot": "f32", "recipe": "fp32",
+        "diagnostics_every": 0, "gradient_reference": "same_point", "val_every": 0}
+HORIZON, BLOWUP_AT = 300, 150
+
+# blew up (1) or not, by member (seeds 101-106); s2's arms have 5 of their 6 members: interim
+OUTCOMES = {
+    "s22": {"paper_e4m3": [1, 1, 1, 1, 0, 1], "train_ln_bias": [0, 0, 1, 0, 0, 0],
+            "fp32_keep_bias": [1, 0, 0, 0, 0, 0], "fp32": [0, 0, 0, 0, 0, 0]},
+    "s2": {"fp32": [0, 1, 0, 0, 0], "bf16": [1, 1, 1, 0, 1], "paper_e4m3": [1, 1, 0, 1, 1]},
+}
+
+
+def _plan_dict() -> dict:
+    d = copy.deepcopy(json.loads(P.PLAN_FILE.read_text()))
+    d["settings"] = {"tiny": TINY}
+    study = {"machine": "cpu", "kind": "seed", "setting": "tiny", "first_seed": 101, "members": 6, "unit": 6,
+             "horizon": HORIZON, "checkpoint_every": 100}
+    d["studies"] = [dict(study, id="s22", hypothesis="HA", arms=list(OUTCOMES["s22"])),
+                    dict(study, id="s2", hypothesis="HB", arms=list(OUTCOMES["s2"])),
+                    dict(study, id="s0", hypothesis="HB", arms=["fp32"])]
+    d["order"] = {"cpu": ["s22", "s2", "s0"]}
+    d["hypotheses"] = [
+        {"id": "HA", "study": "s22", "question": "bias?", "primary": {"test": "mcnemar", "a": "paper_e4m3",
+                                                                     "b": "train_ln_bias"},
+         "secondary": [{"test": "main_effect", "factor": "bias",
+                        "cells": {"frozen": ["paper_e4m3", "fp32_keep_bias"], "trained": ["train_ln_bias", "fp32"]}},
+                       {"test": "interaction", "a": ["paper_e4m3", "train_ln_bias"], "b": ["fp32_keep_bias", "fp32"]},
+                       {"test": "mcnemar", "a": "fp32_keep_bias", "b": "fp32"}]},
+        {"id": "HB", "study": "s2", "question": "machine?", "primary": {"test": "mcnemar", "a": "fp32", "b": "bf16"},
+         "secondary": [{"test": "cochran", "arms": "all"}, {"test": "mcnemar", "a": "s22/fp32", "b": "fp32"},
+                       {"test": "mcnemar", "a": "fp32", "b": "s0/fp32"}]},
+    ]
+    return d
+
+
+def _member(spec, arm, i, blown: bool, device: str) -> Run:
+    loss = np.full(HORIZON, 1.0, np.float32)
+    if blown:
+        loss[BLOWUP_AT:] = 50.0
+    m = pd.DataFrame({"step": np.arange(HORIZON), "loss": loss})
+    return Run(spec.config(arm, i), m, None, info={"device": device})
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    """A tiny plan with its members written as the queue exports them, and MACHINES.md naming the machine of the
+    members whose run.json says only ``cpu: cpu``."""
+    root = tmp_path_factory.mktemp("plan")
+    f = root / "plan.json"
+    f.write_text(json.dumps(_plan_dict()))
+    plan = P.load(f)
+    members = root / "members"
+    for sid, arms in OUTCOMES.items():
+        spec = plan.study(sid).ensemble_spec
+        write_spec(spec, members / sid)
+        for arm, events in arms.items():
+            device = (lambda i: "cpu: cpu" if i < 3 else "cpu: Model B") if sid == "s22" else (lambda i: "cpu: Model B")
+            export(spec, arm, {i: _member(spec, arm, i, bool(e), device(i)) for i, e in enumerate(events)},
+                   members / sid)
+    (members / "MACHINES.md").write_text("| study | members | commit trained | machine |\n|---|---|---|---|\n"
+                                         "| s22 | seeds 101–103, all arms | abc1234 | Model A, 2 vCPUs |\n")
+    return plan, f, members, plan_report.compute(plan, members)
+
+
+def _test(report, hypothesis, kind, text=None):
+    return next(t for t in report["tests"] if t["hypothesis"] == hypothesis and t["kind"] == kind
+                and (text is None or text in t["test"]))
+
+
+def test_mcnemar_and_difference_against_the_discordant_pairs_counted_by_hand(synthetic):
+    _, _, _, report = synthetic
+    a, b = np.array(OUTCOMES["s22"]["paper_e4m3"]), np.array(OUTCOMES["s22"]["train_ln_bias"])
+    only_a, only_b = int(((a == 1) & (b == 0)).sum()), int(((a == 0) & (b == 1)).sum())
+    t = report["tests"][0]
+    assert (t["only_a"], t["only_b"], t["pairs"]) == (only_a, only_b, 6)
+    assert t["pvalue"] == pytest.approx(binomtest(only_a, only_a + only_b, 0.5).pvalue)
+    assert t["estimate"] == pytest.approx((a - b).mean())
+    assert t["low"] <= t["estimate"] <= t["high"]
+    # a cross-study comparison pairs by seed: s2 has seeds 101-105 only
+    x = _test(report, "HB", "mcnemar", "s22/fp32")
+    assert x["pairs"] == 5 and sorted(x["studies"]) == ["s2", "s22"]
+
+
+def _brute_sign_flip(d) -> float:
+    d = np.asarray(d, float)
+    t = abs(d.mean())
+    flips = [abs((np.array(s) * d).mean()) >= t - 1e-12 for s in itertools.product((1, -1), repeat=len(d))]
+    return float(np.mean(flips))
+
+
+def test_main_effect_and_interaction_against_a_brute_force_sign_flip_enumeration(synthetic):
+    _, _, _, report = synthetic
+    o = {k: np.array(v, float) for k, v in OUTCOMES["s22"].items()}
+    main = 0.5 * ((o["paper_e4m3"] - o["train_ln_bias"]) + (o["fp32_keep_bias"] - o["fp32"]))
+    inter = (o["paper_e4m3"] - o["train_ln_bias"]) - (o["fp32_keep_bias"] - o["fp32"])
+    for kind, d in (("main_effect", main), ("interaction", inter)):
+        t = _test(report, "HA", kind)
+        assert t["estimate"] == pytest.approx(d.mean())
+        assert t["pvalue"] == pytest.approx(_brute_sign_flip(d)) and t["exact"]
+
+
+@pytest.mark.parametrize("d", [[1, 0.5, -1, 2, 0, 1, 1, -0.5], [0, 0, 0], [1, 1, 1, 1, 1]])
+def test_sign_flip_is_the_enumeration_and_zeros_change_nothing(d):
+    p, exact = plan_stats.sign_flip(d)
+    assert exact and p == pytest.approx(_brute_sign_flip(d) if any(d) else 1.0)
+    assert plan_stats.sign_flip(list(d) + [0, 0])[0] == pytest.approx(p)
+
+
+def test_holm_against_a_hand_worked_family():
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1: 0.02, 0.03, 0.06, 0.04 -> running max 0.02, 0.03, 0.06, 0.06
+    assert plan_stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert plan_stats.holm([0.5, np.nan]) == pytest.approx([1.0, 1.0])  # an untested p keeps the family's size
+    assert plan_stats.holm([0.01, np.nan]) == pytest.approx([0.02, 1.0])
+    with pytest.raises(ValueError, match="1.5"):
+        plan_stats.holm([0.1, 1.5])
+
+
+def test_holm_families_interim_labels_and_power(synthetic):
+    plan, _, _, report = synthetic
+    primary = [t for t in report["tests"] if t["family"] == "primary"]
+    assert [t["family_size"] for t in primary] == [2, 2]
+    assert [t["holm_p"] for t in primary] == pytest.approx(plan_stats.holm([t["pvalue"] for t in primary]))
+    ha, hb = primary
+    assert not ha["interim"] and ha["verdict"] in ("rejected (Holm)", "not rejected (Holm)")
+    assert (ha["verdict"] == "rejected (Holm)") == (ha["holm_p"] <= plan.alpha)
+    assert hb["interim"] and hb["verdict"] == "interim: not declared"  # s2 has 5 of its 6 members
+    secondary = [t for t in report["tests"] if t["hypothesis"] == "HA" and t["family"] == "secondary"]
+    assert [t["holm_p"] for t in secondary] == pytest.approx(plan_stats.holm([t["pvalue"] for t in secondary]))
+    # the power reached: the rates McNemar detects from 6 pairs against arm b's observed rate
+    from mx_proxy.experiments import power
+    rate_b = np.mean(OUTCOMES["s22"]["train_ln_bias"])
+    levels = {p["level"]: p for p in ha["power"]}
+    assert levels["holm_first"]["alpha"] == pytest.approx(plan.alpha / 2)
+    above, _ = power.detectable(rate_b, 6, plan.power, plan.alpha)
+    assert levels["alpha"]["detectable_above"] == (None if np.isnan(above) else pytest.approx(above))
+    assert levels["alpha"]["reference_rate"] == pytest.approx(rate_b)
+    # a study without members: its tests have no pairs, count as p = 1, and say so
+    empty = _test(report, "HB", "mcnemar", "s0/fp32")
+    assert empty["pairs"] == 0 and empty["pvalue"] is None and empty["holm_p"] is None
+    study = next(s for s in report["studies"] if s["id"] == "s0")
+    assert study["status"] == "no members"
+    assert "### Study `s0` (HB, cpu)\n\nNo members yet" in plan_render.markdown(report)
+
+
+def test_cochran_over_every_arm_and_the_study_rates(synthetic):
+    from mx_proxy.experiments import stats
+    _, _, _, report = synthetic
+    table = np.column_stack([OUTCOMES["s2"][a] for a in OUTCOMES["s2"]]).astype(bool)
+    q = stats.cochran_q(table)
+    t = _test(report, "HB", "cochran")
+    assert t["statistic"] == pytest.approx(q.statistic) and t["pvalue"] == pytest.approx(q.pvalue)
+    s2 = next(s for s in report["studies"] if s["id"] == "s2")
+    assert s2["status"] == "interim" and s2["members"] == 5
+    assert {a["arm"]: a["blowups"] for a in s2["arms"]} == {k: sum(v) for k, v in OUTCOMES["s2"].items()}
+
+
+def test_machines_from_run_json_and_the_notes_and_a_mixed_study_said_so(synthetic):
+    _, _, members, report = synthetic
+    s22, s2 = (next(s for s in report["studies"] if s["id"] == i) for i in ("s22", "s2"))
+    by = {m["machine"]: m for m in s22["machines"]}
+    assert set(by) == {"Model A", "cpu: Model B"} and s22["mixed_machines"] and not s2["mixed_machines"]
+    assert by["Model A"]["source"] == "MACHINES.md" and by["Model A"]["seeds"] == "101–103"
+    assert by["Model A"]["blowups"]["paper_e4m3"] == [3, 3]
+    assert "Mixed machines: this study's members trained on 2 different machines" in plan_render.markdown(report)
+
+
+def test_the_command_prints_the_same_numbers_as_json_and_draws_the_figure(synthetic, tmp_path, capsys):
+    _, f, members, report = synthetic
+    assert main(["report", "--plan", str(members), "--plan-file", str(f), "--json",
+                 "--figures", str(tmp_path / "fig")]) == 0
+    out = capsys.readouterr().out
+    printed = json.loads(out[:out.rindex("}") + 1])
+    assert printed == json.loads(json.dumps(report))
+    assert (tmp_path / "fig" / f"{report['plan']}_effects.png").stat().st_size > 0
+    assert main(["report", "--plan", str(members), "--plan-file", str(f), "--study", "s2"]) == 0
+    text = capsys.readouterr().out
+    assert "### HB" in text and "### HA" not in text and "Study `s22`" not in text
+
+
+def test_the_figure_title_fits_the_figure(synthetic):
+    _, _, _, report = synthetic
+    fig = plots.plan_effects(report)
+    fig.canvas.draw()
+    box, title = fig.bbox, fig._suptitle.get_window_extent()
+    assert box.x0 <= title.x0 and title.x1 <= box.x1 and title.y1 <= box.y1
+    plots.plt.close(fig)
+
+
+def test_bad_input_exits_2_naming_the_value(synthetic, tmp_path, capsys):
+    _, f, members, _ = synthetic
+    assert _exit(["report", "--plan", str(tmp_path / "none"), "--plan-file", str(f)]) == 2
+    assert "none" in capsys.readouterr().err
+    assert _exit(["report", "--plan", str(members), "--plan-file", str(f), "--study", "nope"]) == 2
+    assert "'nope'; valid: s22, s2, s0" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**_plan_dict(), "correction": "bonferroni"}))
+    assert _exit(["report", "--plan", str(members), "--plan-file", str(bad)]) == 2
+    assert "'bonferroni'" in capsys.readouterr().err
+    assert _exit(["report", "--json"]) == 2 and "--json applies to the plan's report" in capsys.readouterr().err
+    other = tmp_path / "other"
+    (other / "s2").mkdir(parents=True)
+    write_spec(P.load(f).study("s22").ensemble_spec, other / "s2")  # another study's ensemble in s2's folder
+    with pytest.raises(ValueError, match="is not study 's2'"):
+        plan_members.load_studies(P.load(f), other)
+
+
+def _exit(argv) -> int:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    return e.value.code
+
+
+def _blown_up(folder: Path) -> bool:
+    """The ensembles' rule recomputed from one member's files: a loss above 10x its minimum over the previous 100
+    steps (after the first 100), a non-finite loss, or the engine's stop recorded in run.json."""
+    loss = pd.read_parquet(folder / "metrics.parquet")["loss"].to_numpy(float)
+    prior = pd.Series(np.where(np.isfinite(loss), loss, np.inf)).rolling(100).min().shift(1).to_numpy()
+    jump = (loss > 10 * prior)[100:]
+    return bool(jump.any() or not np.isfinite(loss).all()
+                or json.loads((folder / "run.json").read_text())["diverged_at"] is not None)
+
+
+def test_the_committed_plan_members_against_a_recomputation_from_the_run_files():
+    report = plan_report.compute(P.load(), ROOT / "results" / "plan")
+    study = next(s for s in report["studies"] if s["id"] == "h4-cpu")
+    folder = ROOT / "results" / "plan" / "h4-cpu"
+    members = sorted(d for d in folder.iterdir() if (d / "run.json").is_file())
+    for arm in study["arms"]:
+        mine = [d for d in members if d.name.rsplit("-m", 1)[0] == arm["arm"]]
+        assert arm["members"] == len(mine) > 0
+        assert arm["blowups"] == sum(_blown_up(d) for d in mine)
+    devices = {json.loads((d / "run.json").read_text())["device"] for d in members}
+    assert study["mixed_machines"] == (len({m["machine"] for m in study["machines"]}) > 1)
+    assert {d for m in study["machines"] for d in m["devices"]} == devices
+    assert study["status"] == "interim" and study["members"] == min(a["members"] for a in study["arms"])
+    # every other study has no member yet: each of its tests waits, none is declared
+    assert all(t["interim"] for t in report["tests"])
+    assert [t["verdict"] for t in report["tests"] if t["family"] == "primary"] == ["interim: not declared"] * 4
