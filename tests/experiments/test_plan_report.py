@@ -258,3 +258,57 @@ def test_the_committed_plan_members_against_a_recomputation_from_the_run_files()
     # every other study has no member yet: each of its tests waits, none is declared
     assert all(t["interim"] for t in report["tests"])
     assert [t["verdict"] for t in report["tests"] if t["family"] == "primary"] == ["interim: not declared"] * 4
+
+
+def _signal_result():
+    """H3's scoring on made members: ``zeta_bound`` = a_i + step / 1000 at every 50th step (so a window's largest
+    value is at its last diagnostic step); paper_e4m3: 6 stable, 3 blown up (scored by the AUC); mxfp8_e4m3: 2
+    stable, 3 blown up (fewer than 5 stable: against their own earlier window)."""
+    from mx_proxy.experiments.ensemble_result import EnsembleResult
+    from mx_proxy.experiments.ensemble_spec import Ensemble
+    from mx_proxy.training.config import Config
+
+    spec = Ensemble("h3", "seed", Config(**{**TINY, "steps": 3000, "diagnostics_every": 50}),
+                    ("paper_e4m3", "mxfp8_e4m3"), members=9, horizon=3000, first_seed=101, checkpoint_every=500)
+    plan = {"paper_e4m3": [None] * 6 + [1700, 2210, 2990], "mxfp8_e4m3": [None] * 2 + [1600, 2400, 2800] + [None] * 4}
+    level = {"paper_e4m3": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.9, 0.25, 0.8], "mxfp8_e4m3": [0.3] * 9}
+    runs = {}
+    for arm, times in plan.items():
+        runs[arm] = []
+        for i, t in enumerate(times[:5] if arm == "mxfp8_e4m3" else times):
+            steps = np.arange(t + 1 if t else 3000)
+            loss = np.full(len(steps), 1.0, np.float32)
+            if t:
+                loss[t] = 100.0
+            zeta = np.where(steps % 50 == 0, level[arm][i] + steps / 1000, np.nan)
+            runs[arm].append(Run(spec.config(arm, i), pd.DataFrame({"step": steps, "loss": loss, "zeta_bound": zeta}),
+                                 None))
+        runs[arm] += [None] * (9 - len(runs[arm]))
+    return EnsembleResult(spec, runs), plan, level
+
+
+def test_h3_scores_and_auc_against_a_hand_computation():
+    from scipy.stats import mannwhitneyu, wilcoxon
+
+    from mx_proxy.experiments import plan_signals, stats
+    result, times, level = _signal_result()
+    last = lambda t, back: (t - back) // 50 * 50 / 1000  # noqa: E731 (the last diagnostic step at most t - back)
+    s = plan_signals.scores(result, ("paper_e4m3", "mxfp8_e4m3"), "zeta_bound").set_index(["arm", "member"])
+    for arm, ts in times.items():
+        blown = {i: t for i, t in enumerate(ts) if t}
+        for i in range(5 if arm == "mxfp8_e4m3" else 9):
+            want = (level[arm][i] + last(blown[i], 50) if i in blown else
+                    float(np.median([level[arm][i] + last(t, 50) for t in blown.values()])))
+            assert s.loc[(arm, i), "score"] == pytest.approx(want)
+    a = plan_signals.evaluate_auc(result, ("paper_e4m3", "mxfp8_e4m3"), "zeta_bound")
+    assert a.auc_arms == ("paper_e4m3",) and a.paired_arms == ("mxfp8_e4m3",)
+    p = s.loc["paper_e4m3"]
+    pos, neg = p.loc[p["event"], "score"], p.loc[~p["event"], "score"]
+    assert (a.positives, a.negatives) == (3, 6)
+    assert a.auc == pytest.approx(stats.auc(p["score"], p["event"]))
+    assert a.pvalue == pytest.approx(mannwhitneyu(pos, neg, alternative="two-sided").pvalue)
+    assert a.low <= a.auc <= a.high
+    m = s.loc["mxfp8_e4m3"]
+    m = m[m["event"]]
+    assert a.paired_n == 3 and a.paired_p == pytest.approx(wilcoxon(m["score"], m["early"]).pvalue)
+    assert m["early"].to_numpy() == pytest.approx([0.3 + last(t, 1000) for t in (1600, 2400, 2800)])

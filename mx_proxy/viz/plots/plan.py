@@ -32,6 +32,10 @@ def _forest(ax, rows: list[dict], null: float, xlabel: str) -> None:
                     capsize=4, lw=1.6, mfc="white" if t["interim"] else c)
         p = "–" if t["pvalue"] is None else f"{t['pvalue']:.2g}"
         ax.annotate(f"p {p}", (high, y), xytext=(6, 0), textcoords="offset points", va="center", fontsize=7)
+    lo = min([null] + [t["estimate"] if t["low"] is None else t["low"] for t in rows])
+    hi = max([null] + [t["estimate"] if t["high"] is None else t["high"] for t in rows])
+    pad = 0.05 + 0.1 * (hi - lo)
+    ax.set_xlim(lo - pad, hi + 2.5 * pad)  # room for the p beside the rightmost interval
     ax.axvline(null, color="0.4", lw=1, ls="--")
     ax.set_yticks(range(len(rows)), [_label(t) for t in rows], fontsize=7)
     ax.invert_yaxis()
