@@ -242,8 +242,13 @@ def _blown_up(folder: Path) -> bool:
                 or json.loads((folder / "run.json").read_text())["diverged_at"] is not None)
 
 
-def test_the_committed_plan_members_against_a_recomputation_from_the_run_files():
-    report = plan_report.compute(P.load(), ROOT / "results" / "plan")
+@pytest.fixture(scope="module")
+def committed():
+    return plan_report.compute(P.load(), ROOT / "results" / "plan")
+
+
+def test_the_committed_plan_members_against_a_recomputation_from_the_run_files(committed):
+    report = committed
     study = next(s for s in report["studies"] if s["id"] == "h4-cpu")
     folder = ROOT / "results" / "plan" / "h4-cpu"
     members = sorted(d for d in folder.iterdir() if (d / "run.json").is_file())
@@ -312,3 +317,11 @@ def test_h3_scores_and_auc_against_a_hand_computation():
     m = m[m["event"]]
     assert a.paired_n == 3 and a.paired_p == pytest.approx(wilcoxon(m["score"], m["early"]).pvalue)
     assert m["early"].to_numpy() == pytest.approx([0.3 + last(t, 1000) for t in (1600, 2400, 2800)])
+
+
+def test_the_docs_block_is_the_commands_output_on_the_committed_members(committed):
+    text = (ROOT / "docs" / "ensembles.md").read_text()
+    block = text.split("<!-- plan report: mx-proxy report --plan --study h4-cpu -->\n", 1)[1]
+    block = block.split("<!-- end of plan report -->", 1)[0]
+    shown = plan_report.select({**committed, "folder": "results/plan"}, ["h4-cpu"])
+    assert block == plan_render.markdown(shown)
