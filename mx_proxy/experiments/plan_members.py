@@ -6,6 +6,9 @@ outcomes by the ensembles' rule, and the machines they trained on.
   version, :mod:`mx_proxy.experiments.lean`);
 - :func:`samples`: every arm's outcomes (blown up by the horizon) as a :class:`pandas.Series` indexed by seed,
   keyed by ``STUDY/ARM``, what :mod:`mx_proxy.experiments.plan_stats` pairs;
+- :func:`parent_state`: a branch study's state: the step its members branched at (the plan's, or an earlier
+  multiple of :data:`BRANCH_STEP` where the parent had blown up by then on its machine, as the plan allows) and
+  the parent's first blow-up by the rule on its recorded history;
 - :func:`machines`: per member, the machine it trained on: its ``run.json``'s ``device``, or, where that names no
   model (``cpu: cpu``, exported before the exporter wrote one), the machine ``DIR/MACHINES.md`` lists for its
   study and seed.
@@ -13,15 +16,21 @@ outcomes by the ensembles' rule, and the machines they trained on.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from mx_proxy.experiments import ensemble_result, lean
-from mx_proxy.experiments.ensemble_spec import read_spec, results_folder
+from mx_proxy.experiments import analysis, ensemble_result, lean
+from mx_proxy.experiments.ensemble_spec import read_history, read_spec, results_folder
 
-__all__ = ["load_studies", "samples", "machines", "machine_notes", "GENERIC_DEVICES", "NOTES_FILE"]
+__all__ = ["load_studies", "samples", "machines", "machine_notes", "parent_state", "GENERIC_DEVICES", "NOTES_FILE",
+           "BRANCH_STEP"]
+
+BRANCH_STEP = 500
+"""A branch study moved earlier (its parent blew up before the plan's branch step) branches at a multiple of this."""
 
 NOTES_FILE = "MACHINES.md"
 GENERIC_DEVICES = ("cpu: cpu",)
@@ -43,12 +52,36 @@ def load_studies(plan, folder) -> dict[str, ensemble_result.EnsembleResult | Non
             continue
         spec = read_spec(sub)
         allowed = (study.ensemble_spec, lean.study_spec(plan, study))
-        if spec not in allowed:
+        if spec not in allowed and not _moved(spec, study.ensemble_spec, allowed):
             raise ValueError(f"{sub}: its ensemble.json is not study {study.id!r} of plan {plan.name!r} (nor its "
                              f"lean version): ensemble {spec.name!r}, arms {', '.join(spec.arms)}")
         result = ensemble_result.load(sub)
         out[study.id] = result if len(result.table) else None
     return out
+
+
+def _moved(spec, planned, allowed) -> bool:
+    """Whether ``spec`` is a branch study of ``allowed`` branched earlier, at a multiple of :data:`BRANCH_STEP`."""
+    if spec.kind != "branch" or not spec.branch_at or spec.branch_at % BRANCH_STEP or spec.branch_at >= planned.branch_at:
+        return False
+    at = planned.branch_at
+    return dataclasses.replace(spec, branch_at=at, base=spec.base.replace(steps=at)) in allowed
+
+
+def parent_state(study, result, folder) -> dict | None:
+    """A branch study's state (``None`` for another study, or one without members): ``branch_at`` (its members'),
+    ``planned_branch_at`` (the plan's), ``history`` (whether its branch history is recorded) and
+    ``parent_blown_up_at``: the parent's first blow-up by the ensembles' rule on that history (``None``: none)."""
+    if study.ensemble_spec.kind != "branch" or result is None:
+        return None
+    hist = read_history(Path(folder) / study.id)
+    blown = None
+    if hist is not None and len(hist):
+        ratio = analysis.loss_jump_ratio(hist["loss"].to_numpy(float), analysis.window_for_steps(result.spec.base.steps))
+        hot = np.flatnonzero(ratio > ensemble_result.RULE)
+        blown = int(hist["step"].iloc[hot[0]]) if len(hot) else None
+    return {"branch_at": result.spec.branch_at, "planned_branch_at": study.ensemble_spec.branch_at,
+            "history": hist is not None, "parent_blown_up_at": blown}
 
 
 def samples(results: dict) -> dict[str, pd.Series]:

@@ -46,6 +46,7 @@ def _study(s: dict) -> list[str]:
         med = "–" if a["median_steps"] is None else str(int(a["median_steps"]))
         lines.append(f"| `{a['arm']}` | {a['members']} | {a['blowups']} | {_f(a['rate'])} [{_f(a['low'])}, "
                      f"{_f(a['high'])}] | {med} | {sens} |")
+    lines += _parent(s["parent"])
     lines += ["", "Machines (`run.json`'s `device`; where it names no model, the machine MACHINES.md lists):", ""]
     for m in s["machines"]:
         said = "" if m["source"] == "run.json" else f" (MACHINES.md; run.json: {', '.join(m['devices'])})"
@@ -55,6 +56,18 @@ def _study(s: dict) -> list[str]:
         lines += ["", f"Mixed machines: this study's members trained on {len(s['machines'])} different machines "
                       f"(a study trains on one kind; its tests pool them, the per-machine counts above describe)."]
     return lines + [""]
+
+
+def _parent(p: dict | None) -> list[str]:
+    """A branch study's state, as the plan asks the report to say it."""
+    if p is None:
+        return []
+    moved = ("" if p["branch_at"] == p["planned_branch_at"] else
+             f", not the plan's {p['planned_branch_at']}: its parent had blown up before that on this machine")
+    state = ("no branch history recorded" if not p["history"] else
+             f"its parent had blown up by the rule at step {p['parent_blown_up_at']}" if p["parent_blown_up_at"]
+             is not None else "its parent had not blown up by the rule on its recorded history")
+    return ["", f"Branched at step {p['branch_at']}{moved}; {state}."]
 
 
 def _power(t: dict) -> str:

@@ -62,10 +62,11 @@ def _arms(study) -> tuple[str, ...]:
     return tuple(a for a in study.ensemble_spec.arms if a != TWIN)
 
 
-def _study(study, result, machines: pd.DataFrame) -> dict:
+def _study(study, result, machines: pd.DataFrame, folder) -> dict:
     planned = study.members
     out = {"id": study.id, "hypothesis": study.hypothesis, "machine_kind": study.machine, "planned": planned,
-           "arms": [], "machines": [], "mixed_machines": False}
+           "arms": [], "machines": [], "mixed_machines": False,
+           "parent": plan_members.parent_state(study, result, folder)}
     if result is None:
         out.update(status="no members", members=0)
         return out
@@ -181,7 +182,7 @@ def compute(plan, folder) -> dict:
     machines = plan_members.machines(results, folder)
     samples = {f"{s.id}/{a}": pd.Series(dtype=bool) for s in plan.studies for a in s.ensemble_spec.arms}
     samples.update(plan_members.samples(results))
-    studies = {s.id: _study(s, results[s.id], machines) for s in plan.studies}
+    studies = {s.id: _study(s, results[s.id], machines, folder) for s in plan.studies}
     holm_first = plan.alpha / len(plan.hypotheses)
     primary, tests = [], []
     for h in plan.hypotheses:
