@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from mx_proxy.experiments import plan as _plan
-from mx_proxy.experiments import plan_members, plan_signals, plan_stats, power
+from mx_proxy.experiments import plan_members, plan_signals, plan_stats, power, signals
 from mx_proxy.experiments.ensemble_spec import TWIN
 
 __all__ = ["compute", "select", "SENSITIVITY", "ranges", "SEED"]
@@ -130,7 +130,7 @@ def _power(plan, kind: str, samples, test, pairs: int, levels) -> list[dict]:
     return out
 
 
-def _test_row(plan, h, family: str, test, samples, results, studies: dict, levels) -> dict:
+def _test_row(plan, h, family: str, test, samples, results, studies: dict, levels, frames: dict) -> dict:
     reads = _studies_of(plan, h, test)
     complete = all(studies[s]["status"] == "complete" for s in reads)
     row = {"hypothesis": h.id, "family": family, "kind": test.kind, "test": test.describe(), "studies": list(reads),
@@ -140,8 +140,11 @@ def _test_row(plan, h, family: str, test, samples, results, studies: dict, level
            "interim": not complete}
     if test.kind == "auc":
         result = results[h.study]
-        a = (plan_signals.evaluate_auc(result, h.arms, test.signal, h.window or 500, h.gap or 50, seed=SEED)
-             if result is not None else plan_signals.AucOutcome(test.signal))
+        if result is not None and h.study not in frames:  # the signals of every member, once per study
+            frames[h.study] = signals.labelled(result)
+        a = (plan_signals.evaluate_auc(result, h.arms, test.signal, h.window or 500, h.gap or 50, seed=SEED,
+                                       frames=frames[h.study]) if result is not None
+             else plan_signals.AucOutcome(test.signal))
         row.update(pairs=a.positives + a.negatives, estimate=_num(a.auc), low=_num(a.low), high=_num(a.high),
                    pvalue=_num(a.pvalue_used), auc_pvalue=_num(a.pvalue), positives=a.positives,
                    negatives=a.negatives, auc_arms=list(a.auc_arms), paired_arms=list(a.paired_arms),
@@ -184,11 +187,11 @@ def compute(plan, folder) -> dict:
     samples.update(plan_members.samples(results))
     studies = {s.id: _study(s, results[s.id], machines, folder) for s in plan.studies}
     holm_first = plan.alpha / len(plan.hypotheses)
-    primary, tests = [], []
+    primary, tests, frames = [], [], {}
     for h in plan.hypotheses:
         p = _test_row(plan, h, "primary", h.primary, samples, results, studies,
-                      (("alpha", plan.alpha), ("holm_first", holm_first)))
-        secondary = [_test_row(plan, h, "secondary", t, samples, results, studies, (("alpha", plan.alpha),))
+                      (("alpha", plan.alpha), ("holm_first", holm_first)), frames)
+        secondary = [_test_row(plan, h, "secondary", t, samples, results, studies, (("alpha", plan.alpha),), frames)
                      for t in h.secondary]
         _holm(secondary, plan.alpha)
         primary.append(p)

@@ -64,13 +64,14 @@ def _window_max(frame: pd.DataFrame, signal: str, t: int, lo: int, hi: int) -> f
     return float(v.max()) if len(v) else math.nan
 
 
-def scores(result, arms, signal: str, window: int = 500, gap: int = 50) -> pd.DataFrame:
+def scores(result, arms, signal: str, window: int = 500, gap: int = 50, frames: pd.DataFrame | None = None
+           ) -> pd.DataFrame:
     """One row per member of ``arms`` of ``result`` (an EnsembleResult): ``arm``, ``member``, ``event``,
     ``score`` (see the module) and ``early`` (a blown-up member's largest value over its earlier window,
-    :data:`EARLY`; NaN for a stable member)."""
+    :data:`EARLY`; NaN for a stable member). ``frames``: ``signals.labelled(result)``, if already computed."""
     if signal not in signals.SIGNALS:
         raise ValueError(f"unknown signal {signal!r}; valid: {', '.join(signals.SIGNALS)}")
-    frames = signals.labelled(result)
+    frames = signals.labelled(result) if frames is None else frames
     table = result.table
     rows = []
     for arm in arms:
@@ -100,11 +101,13 @@ def _auc_pairs(pos, neg, axis=-1):
     return ((p > n) + 0.5 * (p == n)).mean(axis=(-2, -1))
 
 
-def evaluate_auc(result, arms, signal: str, window: int = 500, gap: int = 50, seed: int = 0) -> AucOutcome:
-    """H3's test of ``signal`` on ``arms`` of ``result`` (see the module); ``seed`` fixes the bootstrap."""
+def evaluate_auc(result, arms, signal: str, window: int = 500, gap: int = 50, seed: int = 0,
+                 frames: pd.DataFrame | None = None) -> AucOutcome:
+    """H3's test of ``signal`` on ``arms`` of ``result`` (see the module); ``seed`` fixes the bootstrap; ``frames``:
+    ``signals.labelled(result)``, if already computed."""
     from scipy import stats as st
 
-    s = scores(result, arms, signal, window, gap)
+    s = scores(result, arms, signal, window, gap, frames)
     s = s[np.isfinite(s["score"])]
     stable = s[~s["event"]].groupby("arm").size()
     by_auc = tuple(a for a in arms if stable.get(a, 0) >= MIN_STABLE)

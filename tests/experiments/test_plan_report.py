@@ -51,6 +51,8 @@ def _plan_dict() -> dict:
         {"id": "HB", "study": "s2", "question": "machine?", "primary": {"test": "mcnemar", "a": "fp32", "b": "bf16"},
          "secondary": [{"test": "cochran", "arms": "all"}, {"test": "mcnemar", "a": "s22/fp32", "b": "fp32"},
                        {"test": "mcnemar", "a": "fp32", "b": "s0/fp32"}]},
+        {"id": "HD", "study": "s22", "question": "signal?", "arms": ["paper_e4m3", "train_ln_bias"], "window": 500,
+         "gap": 50, "primary": {"test": "auc", "signal": "loss_jump"}},
     ]
     return d
 
@@ -140,9 +142,14 @@ def test_holm_against_a_hand_worked_family():
 def test_holm_families_interim_labels_and_power(synthetic):
     plan, _, _, report = synthetic
     primary = [t for t in report["tests"] if t["family"] == "primary"]
-    assert [t["family_size"] for t in primary] == [2, 2]
+    assert [t["family_size"] for t in primary] == [3, 3, 3]
     assert [t["holm_p"] for t in primary] == pytest.approx(plan_stats.holm([t["pvalue"] for t in primary]))
-    ha, hb = primary
+    ha, hb, hd = primary
+    # H3's path: train_ln_bias (5 stable) scored by the AUC, paper_e4m3 (1 stable) by its earlier window, which
+    # these 300-step members do not have; the loss jump is 1 before every blow-up: AUC 1/2
+    assert (hd["positives"], hd["negatives"], hd["auc_arms"], hd["paired_arms"]) == (1, 5, ["train_ln_bias"],
+                                                                                      ["paper_e4m3"])
+    assert hd["estimate"] == pytest.approx(0.5) and hd["paired_n"] == 0
     assert not ha["interim"] and ha["verdict"] in ("rejected (Holm)", "not rejected (Holm)")
     assert (ha["verdict"] == "rejected (Holm)") == (ha["holm_p"] <= plan.alpha)
     assert hb["interim"] and hb["verdict"] == "interim: not declared"  # s2 has 5 of its 6 members
@@ -152,7 +159,7 @@ def test_holm_families_interim_labels_and_power(synthetic):
     from mx_proxy.experiments import power
     rate_b = np.mean(OUTCOMES["s22"]["train_ln_bias"])
     levels = {p["level"]: p for p in ha["power"]}
-    assert levels["holm_first"]["alpha"] == pytest.approx(plan.alpha / 2)
+    assert levels["holm_first"]["alpha"] == pytest.approx(plan.alpha / 3)
     above, _ = power.detectable(rate_b, 6, plan.power, plan.alpha)
     assert levels["alpha"]["detectable_above"] == (None if np.isnan(above) else pytest.approx(above))
     assert levels["alpha"]["reference_rate"] == pytest.approx(rate_b)
@@ -325,3 +332,38 @@ def test_the_docs_block_is_the_commands_output_on_the_committed_members(committe
     block = block.split("<!-- end of plan report -->", 1)[0]
     shown = plan_report.select({**committed, "folder": "results/plan"}, ["h4-cpu"])
     assert block == plan_render.markdown(shown)
+
+
+def test_a_branch_study_moved_earlier_says_so_with_its_parents_blow_up(tmp_path):
+    import dataclasses
+
+    from mx_proxy.experiments.ensemble_spec import HISTORY_FILE
+    from mx_proxy.store import tables
+
+    d = _plan_dict()
+    d["studies"].append({"id": "b1", "hypothesis": "HC", "machine": "cpu", "kind": "branch", "setting": "tiny",
+                         "parent": {"recipe": "paper_e4m3", "seed": 0, "data_seed": 0}, "branch_at": 1000,
+                         "arms": ["unchanged", "fp32"], "first_seed": 1, "members": 2, "unit": 2, "horizon": 300,
+                         "checkpoint_every": 100})
+    d["order"]["cpu"].append("b1")
+    d["hypotheses"].append({"id": "HC", "study": "b1", "question": "branch?",
+                            "primary": {"test": "mcnemar", "a": "unchanged", "b": "fp32"}})
+    (tmp_path / "plan.json").write_text(json.dumps(d))
+    plan = P.load(tmp_path / "plan.json")
+    planned = plan.study("b1").ensemble_spec
+    spec = dataclasses.replace(planned, branch_at=500, base=planned.base.replace(steps=500))
+    folder = tmp_path / "members" / "b1"
+    write_spec(spec, folder)
+    steps = np.arange(400, 800)
+    for arm in spec.arms:
+        runs = {i: Run(spec.config(arm, i), pd.DataFrame({"step": steps, "loss": np.ones(len(steps), np.float32)}),
+                       None, info={"device": "cpu: X"}) for i in range(2)}
+        export(spec, arm, runs, folder)
+    parent = np.ones(500, np.float32)
+    parent[300:] = 50.0
+    tables.write(folder / HISTORY_FILE, pd.DataFrame({"step": np.arange(500), "loss": parent}))
+    report = plan_report.compute(plan, tmp_path / "members")
+    b1 = next(s for s in report["studies"] if s["id"] == "b1")
+    assert b1["parent"] == {"branch_at": 500, "planned_branch_at": 1000, "history": True, "parent_blown_up_at": 300}
+    assert "Branched at step 500, not the plan's 1000" in plan_render.markdown(report)
+    assert b1["status"] == "complete" and _test(report, "HC", "mcnemar")["pairs"] == 2
