@@ -62,7 +62,8 @@ def load_studies(plan, folder) -> dict[str, ensemble_result.EnsembleResult | Non
 
 def _moved(spec, planned, allowed) -> bool:
     """Whether ``spec`` is a branch study of ``allowed`` branched earlier, at a multiple of :data:`BRANCH_STEP`."""
-    if spec.kind != "branch" or not spec.branch_at or spec.branch_at % BRANCH_STEP or spec.branch_at >= planned.branch_at:
+    at = spec.branch_at
+    if spec.kind != "branch" or not at or at % BRANCH_STEP or at >= planned.branch_at:
         return False
     at = planned.branch_at
     return dataclasses.replace(spec, branch_at=at, base=spec.base.replace(steps=at)) in allowed
@@ -77,7 +78,8 @@ def parent_state(study, result, folder) -> dict | None:
     hist = read_history(Path(folder) / study.id)
     blown = None
     if hist is not None and len(hist):
-        ratio = analysis.loss_jump_ratio(hist["loss"].to_numpy(float), analysis.window_for_steps(result.spec.base.steps))
+        window = analysis.window_for_steps(result.spec.base.steps)
+        ratio = analysis.loss_jump_ratio(hist["loss"].to_numpy(float), window)
         hot = np.flatnonzero(ratio > ensemble_result.RULE)
         blown = int(hist["step"].iloc[hot[0]]) if len(hot) else None
     return {"branch_at": result.spec.branch_at, "planned_branch_at": study.ensemble_spec.branch_at,
