@@ -8,9 +8,11 @@ by seed, so two arms (of one study or of two) are paired by their common seeds:
 - :func:`difference`: an effect as the mean over seeds of a per-seed difference, with its 95 % bootstrap
   interval over seeds (:func:`mx_proxy.experiments.stats.bootstrap_mean`);
 - :func:`sign_flip`: the exact two-sided sign-flip permutation test of a mean of paired differences
-  (``scipy.stats.permutation_test``, ``permutation_type="samples"`` with one sample), exact while the seeds whose
-  difference is not zero are at most :data:`EXACT_UP_TO` (a zero difference flips to itself, so leaving it out
-  changes no p-value), else :data:`RESAMPLES` random sign flips drawn from ``seed``;
+  (``scipy.stats.permutation_test``, ``permutation_type="samples"`` with one sample), every one of the 2ⁿ flips
+  counted while the seeds whose difference is not zero are at most :data:`EXACT_UP_TO` (a zero difference flips
+  to itself, so leaving it out changes no p-value); beyond that, where every difference is a multiple of ½ (the
+  plan's contrasts of 0/1 outcomes always are), the same exact p from the null distribution of the sum of ±|dᵢ|,
+  convolved seed by seed in integer counts; else :data:`RESAMPLES` random sign flips drawn from ``seed``;
 - :func:`holm`: Holm's step-down adjusted p-values of one family;
 - :func:`evaluate`: one registered test (:class:`mx_proxy.experiments.plan.Test`, but ``auc``) on the samples
   of the arms it reads: McNemar's exact test on the discordant pairs, a 2 × 2's main effect or interaction by the
@@ -72,10 +74,29 @@ def difference(d, seed: int = 0) -> stats.Estimate:
     return stats.bootstrap_mean(np.asarray(d, float), 0.95, seed=seed)
 
 
-def sign_flip(d, seed: int = 0) -> tuple[float, bool]:
+def _convolved(v: np.ndarray) -> float | None:
+    """The exact two-sided sign-flip p of the differences ``v`` (none 0) where each is a multiple of ½: P(|Σ ±kᵢ| ≥
+    |Σ kᵢ sᵢ|) with kᵢ = 2|vᵢ|, from the null distribution of the signed sum counted exactly (int64: up to 62
+    seeds); ``None`` where some difference is no multiple of ½ or there are more seeds."""
+    k = 2 * np.abs(v)
+    if len(v) > 62 or not np.allclose(k, np.round(k)):
+        return None
+    counts = np.ones(1, np.int64)
+    for ki in np.round(k).astype(int):
+        step = np.zeros(2 * ki + 1, np.int64)
+        step[0] = step[-1] = 1
+        counts = np.convolve(counts, step)
+    total = int(np.round(2 * v.sum()))
+    centre = (len(counts) - 1) // 2  # counts[centre + s] = flips whose signed sum is s
+    s = np.arange(len(counts)) - centre
+    return float(counts[np.abs(s) >= abs(total)].sum() / 2.0 ** len(v))
+
+
+def sign_flip(d, seed: int = 0, exact_up_to: int = EXACT_UP_TO) -> tuple[float, bool]:
     """``(p, exact)``: the two-sided sign-flip permutation test that the paired differences ``d`` have mean 0 (each
     seed's sign flipped at random under the null), ``scipy.stats.permutation_test`` with one sample and
-    ``permutation_type="samples"``. 1.0 where every difference is 0."""
+    ``permutation_type="samples"`` up to ``exact_up_to`` non-zero differences, the exact convolution beyond (see
+    the module). 1.0 where every difference is 0."""
     from scipy import stats as st
 
     v = np.asarray(d, float)
@@ -84,7 +105,9 @@ def sign_flip(d, seed: int = 0) -> tuple[float, bool]:
     v = v[v != 0]
     if not len(v):
         return 1.0, True
-    exact = len(v) <= EXACT_UP_TO
+    exact = len(v) <= exact_up_to
+    if not exact and (p := _convolved(v)) is not None:
+        return min(1.0, p), True
     res = st.permutation_test((v,), lambda x, axis=-1: np.mean(x, axis=axis), permutation_type="samples",
                               vectorized=True, n_resamples=2 ** len(v) if exact else RESAMPLES,
                               alternative="two-sided", rng=np.random.default_rng(seed))

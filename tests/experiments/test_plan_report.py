@@ -130,6 +130,20 @@ def test_sign_flip_is_the_enumeration_and_zeros_change_nothing(d):
     assert plan_stats.sign_flip(list(d) + [0, 0])[0] == pytest.approx(p)
 
 
+@pytest.mark.parametrize("d", [[1, 0.5, -1, 2, 0, 1, 1, -0.5, 1.5, -2, 1, 0.5], [1] * 13, [0.5, -0.5] * 6])
+def test_the_exact_convolution_beyond_scipys_enumeration_is_the_enumeration(d):
+    p, exact = plan_stats.sign_flip(d, exact_up_to=0)
+    assert exact and p == pytest.approx(_brute_sign_flip(d))
+    # 40 seeds, as the plan's: still exact, and within the sampled test's error of scipy's random flips
+    rng = np.random.default_rng(1)
+    big = rng.choice([-1, -0.5, 0, 0.5, 1, 1.5, 2], size=40)
+    p40, exact40 = plan_stats.sign_flip(big)
+    from scipy.stats import permutation_test
+    sampled = permutation_test((big[big != 0],), lambda x, axis=-1: np.mean(x, axis=axis), vectorized=True,
+                               permutation_type="samples", n_resamples=99_999, rng=np.random.default_rng(0)).pvalue
+    assert exact40 and abs(p40 - sampled) < 0.01
+
+
 def test_holm_against_a_hand_worked_family():
     # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1: 0.02, 0.03, 0.06, 0.04 -> running max 0.02, 0.03, 0.06, 0.06
     assert plan_stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
