@@ -213,7 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "P(blow-up) per arm with 95 % intervals, survival, paired tests against the control, loss "
                     "gaps and the warning signals' scores. With --update, rewrite each block "
                     f"between `{report.BEGIN.format('FOLDER')}` and `{report.END}` in the given Markdown files "
-                    "from its folder.")
+                    "from its folder. With --plan [DIR], the pre-registered plan's report (docs/plan.md): each "
+                    "study's members so far and exactly the tests the plan registers, Holm-corrected per family, "
+                    "interim until a study has all its members (docs/ensembles.md).")
     rep.add_argument("results", nargs="*", help="a results folder (OUT/results of a campaign or an ensemble, e.g. "
                                                 "results/paper), or several ensembles' folders whose members "
                                                 "differ only in their seeds, which follow on: reported pooled as "

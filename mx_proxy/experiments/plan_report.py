@@ -78,7 +78,8 @@ def _study(study, result, machines: pd.DataFrame, folder) -> dict:
         if arm in rates.index:
             r = rates.loc[arm]
             row.update(members=int(r["members"]), blowups=int(r["blowups"]), rate=_num(r["p"]), low=_num(r["low"]),
-                       high=_num(r["high"]), median_steps=_num(r["median_time"]))
+                       high=_num(r["high"]),
+                       median_steps=None if pd.isna(r["median_time"]) else int(r["median_time"]))
             mine = sens[sens["arm"] == arm]
             row["sensitivity"] = {f"{f:g}": int(k) for f, k in zip(mine["factor"], mine["blowups"])}
         out["arms"].append(row)
