@@ -93,6 +93,9 @@ def _detail(t: dict) -> str:
         return "sign-flip " + ("exact" if t["exact"] else "sampled")
     if t["kind"] == "auc" and t["pairs"]:
         said = f"{t['positives']} blown up / {t['negatives']} stable"
+        if t.get("events"):
+            lead = "–" if t["lead_steps"] is None else f"{t['lead_steps']:.0f}"
+            said += f"; lead {lead} steps (median; warned of {t['warned']} of {t['events']} blow-ups)"
         if t["paired_arms"]:
             said += (f"; {', '.join(t['paired_arms'])} (< 5 stable): Wilcoxon over {t['paired_n']} members, median "
                      f"rise {_f(t['paired_rise'], 3)}, p {_p(t['paired_p'])}")

@@ -146,10 +146,18 @@ def _test_row(plan, h, family: str, test, samples, results, studies: dict, level
         a = (plan_signals.evaluate_auc(result, h.arms, test.signal, h.window or 500, h.gap or 50, seed=SEED,
                                        frames=frames[h.study]) if result is not None
              else plan_signals.AucOutcome(test.signal))
+        lead = {}
+        if result is not None and len(frames[h.study]):  # the signals module's lead time, reported with it
+            mine = frames[h.study][frames[h.study]["arm"].isin(h.arms)]
+            scored = signals.score_labelled(mine).set_index("signal") if len(mine) else pd.DataFrame()
+            if test.signal in scored.index:
+                r = scored.loc[test.signal]
+                lead = {"lead_steps": _num(r["lead"]), "warned": int(r["warned"]), "events": int(r["events"])}
         row.update(pairs=a.positives + a.negatives, estimate=_num(a.auc), low=_num(a.low), high=_num(a.high),
                    pvalue=_num(a.pvalue_used), auc_pvalue=_num(a.pvalue), positives=a.positives,
                    negatives=a.negatives, auc_arms=list(a.auc_arms), paired_arms=list(a.paired_arms),
                    paired_n=a.paired_n, paired_rise=_num(a.paired_rise), paired_p=_num(a.paired_p),
+                   lead_steps=lead.get("lead_steps"), warned=lead.get("warned"), events=lead.get("events"),
                    method="Mann–Whitney AUC, blown-up vs stable members" + (
                        "; arms with fewer than 5 stable members: paired Wilcoxon against their earlier window"
                        if a.paired_arms else ""),

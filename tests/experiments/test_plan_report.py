@@ -164,6 +164,7 @@ def test_holm_families_interim_labels_and_power(synthetic):
     assert (hd["positives"], hd["negatives"], hd["auc_arms"], hd["paired_arms"]) == (1, 5, ["train_ln_bias"],
                                                                                       ["paper_e4m3"])
     assert hd["estimate"] == pytest.approx(0.5) and hd["paired_n"] == 0
+    assert hd["events"] == 6  # the lead time of the signals module, over H3's arms' blow-ups
     assert not ha["interim"] and ha["verdict"] in ("rejected (Holm)", "not rejected (Holm)")
     assert (ha["verdict"] == "rejected (Holm)") == (ha["holm_p"] <= plan.alpha)
     assert hb["interim"] and hb["verdict"] == "interim: not declared"  # s2 has 5 of its 6 members
