@@ -103,10 +103,14 @@ def _detail(t: dict) -> str:
     return ""
 
 
-def _hypothesis(h: dict, tests: list[dict], alpha: float) -> list[str]:
+def _pct(v: float) -> str:
+    return f"{100 * v:.0f} %"
+
+
+def _hypothesis(h: dict, tests: list[dict], power: float) -> list[str]:
     lines = [f"### {h['id']} (study `{h['study']}`)", "", h["question"], "",
              "| family | test | pairs (of planned) | difference of rates [95 % CI] | p | Holm p (family) | "
-             "power reached (80 %) | status | details |", "|---|---|---:|---|---:|---:|---|---|---|"]
+             f"power reached ({_pct(power)}) | status | details |", "|---|---|---:|---|---:|---:|---|---|---|"]
     for t in tests:
         what = "AUC" if t["kind"] == "auc" else "difference"
         est = ("–" if t["estimate"] is None else
@@ -132,7 +136,8 @@ def markdown(report: dict) -> str:
              "secondary tests (read as secondary whatever their p); a test without pairs yet counts as p = 1 in its "
              "family. A difference is arm a's rate minus arm b's (a main effect: the mean of its two paired "
              "differences; an interaction: the difference of two paired differences), paired by seed, with a 95 % "
-             "bootstrap interval over seeds. Power reached: the rates McNemar's exact test detects with 80 % power "
+             "bootstrap interval over seeds. Power reached: the rates McNemar's exact test detects with "
+             f"{_pct(report['power'])} power "
              "from the pairs so far against arm b's observed rate (outcomes independent within a pair).", "",
              "## Studies", ""]
     for s in report["studies"]:
@@ -140,7 +145,7 @@ def markdown(report: dict) -> str:
     lines += ["## Hypotheses", ""]
     for h in report["hypotheses"]:
         tests = [t for t in report["tests"] if t["hypothesis"] == h["id"]]
-        lines += _hypothesis(h, tests, report["alpha"])
+        lines += _hypothesis(h, tests, report["power"])
     while lines and not lines[-1]:
         lines.pop()
     return "\n".join(lines) + "\n"
