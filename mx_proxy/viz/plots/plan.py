@@ -35,6 +35,8 @@ def _forest(ax, rows: list[dict], null: float, xlabel: str) -> None:
     lo = min([null] + [t["estimate"] if t["low"] is None else t["low"] for t in rows])
     hi = max([null] + [t["estimate"] if t["high"] is None else t["high"] for t in rows])
     pad = 0.05 + 0.1 * (hi - lo)
+    if null == 0.5:  # an AUC: its whole range, and room for the p
+        lo, hi, pad = 0.0, 1.0, 0.05
     ax.set_xlim(lo - pad, hi + 2.5 * pad)  # room for the p beside the rightmost interval
     ax.axvline(null, color="0.4", lw=1, ls="--")
     ax.set_yticks(range(len(rows)), [_label(t) for t in rows], fontsize=7)
