@@ -83,7 +83,6 @@ from mx_proxy.numerics.mx.block_scale import (
     NAN_SCALE_EXP,
     SCALE_EXP_MAX,
     SCALE_EXP_MIN,
-    SCALE_RULES,
     Block,
     block_quantities,
     element_bump,
@@ -94,7 +93,7 @@ from mx_proxy.numerics.mx.layout import Layout, normalize_axis
 from mx_proxy.numerics.mx.nvfp4 import E2M1_MAX, E4M3_MAX, ZERO_SCALE_EXP
 from mx_proxy.numerics.spec import BLOCK_DIMS, E4M3_ELEMENTS, E4M3_SCALE_RULES, NVFP4, NVFP4_2D, SCALE_FORMATS, MXSpec
 
-__all__ = ["MXSpec", "QuantStats", "quantize", "quantize_stats", "NVFP4", "NVFP4_2D", "SCALE_RULES",
+__all__ = ["MXSpec", "QuantStats", "quantize", "quantize_stats", "NVFP4", "NVFP4_2D",
            "E4M3_SCALE_RULES", "SCALE_FORMATS", "BLOCK_DIMS", "ROUNDINGS", "E4M3_ELEMENTS", "SCALE_EXP_MIN",
            "SCALE_EXP_MAX", "NAN_SCALE_EXP", "ZERO_SCALE_EXP", "E4M3_MAX", "E2M1_MAX"]
 
