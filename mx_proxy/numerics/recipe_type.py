@@ -65,7 +65,7 @@ class Recipe:
       backend: GEMM implementation, ``"xla"`` (quantize, then ``jnp.dot``) or
         ``"pallas"`` (the fused kernels in ``mx_proxy/pallas/``).
       dot: ``"f32"`` or ``"bf16"``: how a GEMM of two bf16-exact operands is
-        computed on the CPU (:func:`mx_proxy.nn.layers.mx_matmul`); set per run by
+        computed on the CPU (:func:`mx_proxy.nn.dense.quantized_matmul`); set per run by
         :attr:`mxp.Config.dot`.
       overrides: ``((pattern, recipe), ...)``: dense layers whose name matches
         ``pattern`` (an ``fnmatch`` glob over the names

@@ -23,6 +23,9 @@ reads), against definitions transcribed from their sources:
 ``quantize_stats`` against the float64 reference.
 """
 
+import pickle
+
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -257,3 +260,28 @@ def test_rules_apply_per_operand_in_a_recipe():
             == {rule}
     with pytest.raises(ValueError, match="unknown recipe 'mxfp8_e4m3\\+nearest'.*valid: fp32"):
         get("mxfp8_e4m3+nearest")
+
+
+def test_a_spec_holds_its_rule_object_resolved_once():
+    from mx_proxy.numerics import recipe_json
+    from mx_proxy.numerics.quantize import NVFP4
+    from mx_proxy.numerics.recipe import get
+    from mx_proxy.numerics.spec import AMAX
+
+    ceil = scale_rules.get("ceil")
+    spec = MXSpec("fp8_e4m3", scale_rule="ceil")
+    assert spec.scale_rule is ceil and spec.rule is ceil and "ScaleRule(ceil)" in repr(spec)
+    by_object = MXSpec("fp8_e4m3", scale_rule=ceil)
+    assert by_object == spec and hash(by_object) == hash(spec) and spec.name == "mxfp8_e4m3/32/ceil/even"
+    assert NVFP4.scale_rule is AMAX and NVFP4.rule is None
+    back = pickle.loads(pickle.dumps(spec))  # an equal rule, not the registry's object: resolves to it again
+    assert back == spec and hash(back) == hash(spec) and back.replace(rounding="away").scale_rule is ceil
+    with pytest.raises(ValueError, match="not registered"):
+        MXSpec("fp8_e4m3", scale_rule=scale_rules.ScaleRule("ceil", "another rule of the same name"))
+    fn = jax.jit(lambda x, s: quantize(x, s), static_argnums=1)  # a static argument: one program for both
+    x = jnp.linspace(-3.0, 3.0, 64, dtype=jnp.float32)
+    assert np.array_equal(np.asarray(fn(x, spec)), np.asarray(fn(x, by_object))) and fn._cache_size() == 1
+    recipe = get("mxfp8_e4m3+ceil")
+    assert recipe_json.to_json(recipe)["fwd_x"]["scale_rule"] == "ceil"  # stored (and hashed) by name
+    assert recipe_json.from_json(recipe_json.to_json(recipe)) == recipe
+
