@@ -60,8 +60,8 @@ default block_size stays 32 -- or a 16x16 tile in :data:`NVFP4_2D`) has an FP8
 E4M3 scale (not a power of two), and the whole array one float32 decode
 scale derived from its amax, in NVIDIA Transformer Engine's order of float32
 operations (the recipe, its exactness and special cases:
-:mod:`mx_proxy.numerics.mx.nvfp4`). ``scale_rule`` is ``"amax"`` (the only rule; it is
-the default). Any NaN or Inf makes the WHOLE array NaN. JAX's own NVFP4
+:mod:`mx_proxy.numerics.mx.nvfp4`). ``scale_rule`` is ``"amax"``
+(:data:`~mx_proxy.numerics.spec.AMAX`, the only rule; it is the default). Any NaN or Inf makes the WHOLE array NaN. JAX's own NVFP4
 quantizer (``jax.nn.get_scaled_dot_general_config("nvfp4", global_scale)``)
 takes the global scale from the caller; as XLA compiles it, it gives the same
 values when that scale is a power of two (see ``tests/numerics/test_nvfp4.py`` for

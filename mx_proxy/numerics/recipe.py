@@ -15,8 +15,8 @@ from mx_proxy.numerics.quantize import NVFP4, MXSpec
 from mx_proxy.numerics.recipe_type import DOTS, LN_PRECISIONS, OPERANDS, VECTOR_PRECISIONS, VECTOR_ROUNDINGS, Recipe
 
 __all__ = ["Recipe", "PRESETS", "get", "names", "VECTOR_PRECISIONS", "VECTOR_ROUNDINGS", "LN_PRECISIONS", "table",
-           "DOTS", "FAMILIES", "Mitigation", "MITIGATIONS", "mitigate", "mitigation", "with_scale_rule", "scale_rule_of",
-           "description"]
+           "DOTS", "FAMILIES", "Mitigation", "MITIGATIONS", "mitigate", "mitigation", "with_scale_rule",
+           "scale_rule_of", "description"]
 
 
 @dataclasses.dataclass(frozen=True)
