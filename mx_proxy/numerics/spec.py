@@ -37,7 +37,8 @@ class MXSpec:
         NVFP4: 16); with ``block_dims=2`` the side of the square tile.
       scale_rule: the :class:`~mx_proxy.numerics.scale_rules.ScaleRule` of the
         block scales, given as the rule or its name. E8M0 scales: a rule of
-        :mod:`mx_proxy.numerics.scale_rules` (``mx-proxy list scale-rules``): ``"floor"`` (OCP v1.0), ``"rceil"``
+        :mod:`mx_proxy.numerics.scale_rules` (``mx-proxy list scale-rules``):
+        ``"floor"`` (OCP v1.0), ``"rceil"``
         (round the scale up so nothing saturates), torchao's ``"ceil"`` and
         ``"even"``, or ``"paper_bump"`` (the authors' exponent bump, E4M3
         1-D blocks only). E4M3 scales: ``"amax"`` (the NVFP4 recipe; the only

@@ -83,3 +83,16 @@ def test_a_config_without_the_field_keeps_its_key():
     spec = config.to_dict()["recipe"]["fwd_x"]
     assert spec["scale_rule"] == "ceil" and spec["element"] == "fp8_e4m3"  # names, as the store always hashed them
     assert "scale_rule" in Config(recipe="mxfp8_e4m3", scale_rule="ceil").to_dict()
+
+
+def test_an_intervention_on_a_run_with_the_field_changes_its_rule_with_the_recipe():
+    import mx_proxy as mxp
+
+    parent = mxp.train(Config(width=16, depth=1, batch=16, steps=20, diagnostics_every=10, val_every=0,
+                              recipe="mxfp8_e4m3", scale_rule="ceil", checkpoint_at=(10,)), store=False,
+                       progress=False)
+    child = mxp.intervene(parent, 10, apply="rceil", store=False, progress=False)
+    assert child.config.recipe.name == "mxfp8_e4m3+ceil+rceil" and child.config.scale_rule is None
+    assert child.config.recipe.fwd_x.scale_rule is scale_rules.get("rceil")
+    same = mxp.intervene(parent, 10, store=False, progress=False)  # no change: the parent's recipe, whole
+    assert same.config.recipe == parent.config.recipe and same.config.scale_rule is None
