@@ -62,7 +62,8 @@ scale derived from its amax, in NVIDIA Transformer Engine's order of float32
 operations (the recipe, its exactness and special cases:
 :mod:`mx_proxy.numerics.mx.nvfp4`). ``scale_rule`` is ``"amax"``
 (:data:`~mx_proxy.numerics.spec.AMAX`, the only rule; it is the default).
-Any NaN or Inf makes the WHOLE array NaN. JAX's own NVFP4 quantizer (``jax.nn.get_scaled_dot_general_config("nvfp4", global_scale)``)
+Any NaN or Inf makes the WHOLE array NaN. JAX's own NVFP4 quantizer
+(``jax.nn.get_scaled_dot_general_config("nvfp4", global_scale)``)
 takes the global scale from the caller; as XLA compiles it, it gives the same
 values when that scale is a power of two (see ``tests/numerics/test_nvfp4.py`` for
 where and why the two differ otherwise).
