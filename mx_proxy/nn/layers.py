@@ -11,8 +11,9 @@ that want them together (``from mx_proxy.nn import layers``):
 * :mod:`mx_proxy.nn.activations`: ``activation`` and the activation registry;
 * :mod:`mx_proxy.nn.rounding`: ``vround``, ``bf16_round``.
 
-``mx_matmul`` is the earlier name of ``quantized_matmul`` (``mx_matmul``
-itself is the Pallas GEMM, :func:`mx_proxy.pallas.matmul.mx_matmul`).
+The recipe-honouring GEMM is ``quantized_matmul`` only: ``mx_matmul`` is the
+Pallas GEMM, :func:`mx_proxy.pallas.matmul.mx_matmul`, a different function
+(this module once also called ``quantized_matmul`` so).
 The six GEMM operands are :data:`mx_proxy.numerics.operands.OPERANDS`.
 """
 
@@ -28,7 +29,5 @@ from mx_proxy.nn.rounding import bf16_round, vround
 from mx_proxy.numerics.operands import OPERANDS
 
 __all__ = ["mx_dense", "quantized_matmul", "layer_norm", "rms_norm", "activation", "ACTIVATIONS", "vround",
-           "bf16_round", "quantize_affine", "OPERANDS", "operand_key", "switch", "mx_matmul",
+           "bf16_round", "quantize_affine", "OPERANDS", "operand_key", "switch",
            "_q", "_dense2d", "_bf16_exact", "_ln_precisions"]
-
-mx_matmul = quantized_matmul  # the earlier name (tests and notebooks)

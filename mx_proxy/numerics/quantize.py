@@ -60,9 +60,10 @@ default block_size stays 32 -- or a 16x16 tile in :data:`NVFP4_2D`) has an FP8
 E4M3 scale (not a power of two), and the whole array one float32 decode
 scale derived from its amax, in NVIDIA Transformer Engine's order of float32
 operations (the recipe, its exactness and special cases:
-:mod:`mx_proxy.numerics.mx.nvfp4`). ``scale_rule`` is ``"amax"`` (the only rule; it is
-the default). Any NaN or Inf makes the WHOLE array NaN. JAX's own NVFP4
-quantizer (``jax.nn.get_scaled_dot_general_config("nvfp4", global_scale)``)
+:mod:`mx_proxy.numerics.mx.nvfp4`). ``scale_rule`` is ``"amax"``
+(:data:`~mx_proxy.numerics.spec.AMAX`, the only rule; it is the default).
+Any NaN or Inf makes the WHOLE array NaN. JAX's own NVFP4 quantizer
+(``jax.nn.get_scaled_dot_general_config("nvfp4", global_scale)``)
 takes the global scale from the caller; as XLA compiles it, it gives the same
 values when that scale is a power of two (see ``tests/numerics/test_nvfp4.py`` for
 where and why the two differ otherwise).
@@ -83,7 +84,6 @@ from mx_proxy.numerics.mx.block_scale import (
     NAN_SCALE_EXP,
     SCALE_EXP_MAX,
     SCALE_EXP_MIN,
-    SCALE_RULES,
     Block,
     block_quantities,
     element_bump,
@@ -94,7 +94,7 @@ from mx_proxy.numerics.mx.layout import Layout, normalize_axis
 from mx_proxy.numerics.mx.nvfp4 import E2M1_MAX, E4M3_MAX, ZERO_SCALE_EXP
 from mx_proxy.numerics.spec import BLOCK_DIMS, E4M3_ELEMENTS, E4M3_SCALE_RULES, NVFP4, NVFP4_2D, SCALE_FORMATS, MXSpec
 
-__all__ = ["MXSpec", "QuantStats", "quantize", "quantize_stats", "NVFP4", "NVFP4_2D", "SCALE_RULES",
+__all__ = ["MXSpec", "QuantStats", "quantize", "quantize_stats", "NVFP4", "NVFP4_2D",
            "E4M3_SCALE_RULES", "SCALE_FORMATS", "BLOCK_DIMS", "ROUNDINGS", "E4M3_ELEMENTS", "SCALE_EXP_MIN",
            "SCALE_EXP_MAX", "NAN_SCALE_EXP", "ZERO_SCALE_EXP", "E4M3_MAX", "E2M1_MAX"]
 

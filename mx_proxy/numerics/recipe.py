@@ -15,7 +15,8 @@ from mx_proxy.numerics.quantize import NVFP4, MXSpec
 from mx_proxy.numerics.recipe_type import DOTS, LN_PRECISIONS, OPERANDS, VECTOR_PRECISIONS, VECTOR_ROUNDINGS, Recipe
 
 __all__ = ["Recipe", "PRESETS", "get", "names", "VECTOR_PRECISIONS", "VECTOR_ROUNDINGS", "LN_PRECISIONS", "table",
-           "DOTS", "FAMILIES", "Mitigation", "MITIGATIONS", "mitigate", "mitigation", "with_scale_rule", "description"]
+           "DOTS", "FAMILIES", "Mitigation", "MITIGATIONS", "mitigate", "mitigation", "with_scale_rule",
+           "scale_rule_of", "description"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,13 +50,23 @@ def with_scale_rule(r: Recipe, rule: str | scale_rules.ScaleRule) -> Recipe:
             raise ValueError(f"{rule.name} is {rule.scope or 'defined for ' + ', '.join(rule.elements)}; recipe "
                              f"{r.name!r} also has {', '.join(others)} operands (use 'rceil' for a bump that works "
                              f"for every format)")
-    return r.map_specs(lambda s: s if s.scale_format != "e8m0" else s.replace(scale_rule=rule.name))
+    return r.map_specs(lambda s: s if s.scale_format != "e8m0" else s.replace(scale_rule=rule))
 
 
 def _rule_mitigation(rule: scale_rules.ScaleRule) -> Mitigation:
-    """A scale rule as a recipe change: every E8M0 operand with it (``mx-proxy train --scale-rule``)."""
+    """A scale rule as a recipe change: every E8M0 operand with it (a recipe name's ``+RULE`` suffix, and what
+    ``Config.scale_rule``, the command line's ``--scale-rule``, applies)."""
     return Mitigation(rule.name, f"every E8M0 operand with the {rule.name} scale: {rule.doc}",
                       lambda r: with_scale_rule(r, rule))
+
+
+def scale_rule_of(recipe: Recipe | str) -> str | None:
+    """The scale rule a recipe's name applies last (``"ceil"`` for ``"mxfp8_e4m3+ceil"`` and
+    ``"mxfp8_e4m3+ceil+ln_exempt"``), or ``None`` when its name applies none (a preset's own rule is
+    not in its name: ``"rceil"`` names the preset, ``"mxfp8_e4m3+rceil"`` the change)."""
+    name = recipe.name if isinstance(recipe, Recipe) else recipe
+    rules = [c for c in str(name).split("+")[1:] if c in scale_rules.RULES]
+    return rules[-1] if rules else None
 
 
 def _specs(r: Recipe) -> list:
@@ -296,7 +307,7 @@ def table() -> str:
             return "–"
         tile = f"/{spec.block_size}x{spec.block_size}" if spec.block_dims == 2 else ""
         kind = "nvfp4" if spec.scale_format == "e4m3" else spec.element.name
-        return f"{kind}{tile}/{spec.scale_rule}/{spec.rounding}"
+        return f"{kind}{tile}/{spec.scale_rule.name}/{spec.rounding}"
 
     def vector(r):
         v = r.vector + (f" ({r.vector_rounding})" if r.vector != "fp32" else "")

@@ -7,17 +7,19 @@ import dataclasses
 from mx_proxy.numerics.quantize import MXSpec
 from mx_proxy.numerics.recipe import PRESETS, Recipe, get
 from mx_proxy.numerics.recipe_type import OPERANDS
+from mx_proxy.numerics.scale_rules import ScaleRule
 
 __all__ = ["to_json", "from_json"]
 
 
 def _spec_to_json(spec: MXSpec | None):
+    """A spec's fields, its element format and scale rule by name (the form run-store keys have always hashed)."""
     if spec is None:
         return None
-    out = {"element": spec.element.name}
+    out = {}
     for f in dataclasses.fields(spec):
-        if f.name != "element":
-            out[f.name] = getattr(spec, f.name)
+        v = getattr(spec, f.name)
+        out[f.name] = v.name if f.name == "element" or isinstance(v, ScaleRule) else v
     return out
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 
-from mx_proxy.numerics import scale_rules
+from mx_proxy.numerics import kernel_support
 from mx_proxy.numerics.operands import OPERANDS
 from mx_proxy.numerics.quantize import MXSpec
 
@@ -65,7 +65,7 @@ class Recipe:
       backend: GEMM implementation, ``"xla"`` (quantize, then ``jnp.dot``) or
         ``"pallas"`` (the fused kernels in ``mx_proxy/pallas/``).
       dot: ``"f32"`` or ``"bf16"``: how a GEMM of two bf16-exact operands is
-        computed on the CPU (:func:`mx_proxy.nn.layers.mx_matmul`); set per run by
+        computed on the CPU (:func:`mx_proxy.nn.dense.quantized_matmul`); set per run by
         :attr:`mxp.Config.dot`.
       overrides: ``((pattern, recipe), ...)``: dense layers whose name matches
         ``pattern`` (an ``fnmatch`` glob over the names
@@ -183,17 +183,15 @@ class Recipe:
 
 
 def _check_pallas(r: Recipe) -> None:
-    """Refuse operand specs the Pallas kernels do not implement, naming them and what they do implement."""
-    specs = {f: getattr(r, f) for f in OPERANDS if getattr(r, f) is not None}
-    stochastic = [f for f, s in specs.items() if s.rounding == "stochastic"]
-    if stochastic:
-        raise ValueError(f"backend 'pallas' supports roundings even and away; {', '.join(stochastic)} "
-                         f"use stochastic rounding (valid with backend 'xla')")
-    special = [f for f, s in specs.items() if s.block_dims != 1 or s.scale_format != "e8m0" or not s.rule.kernels]
-    if special:
-        kernel_rules = "/".join(n for n in scale_rules.RULES if scale_rules.get(n).kernels)
-        per_element = "/".join(sorted({specs[f].scale_rule for f in special if specs[f].scale_format == "e8m0"
-                                       and not specs[f].rule.kernels})) or "a per-element"
-        raise ValueError(f"backend 'pallas' supports 1-D blocks with E8M0 {kernel_rules} scales; "
-                         f"{', '.join(special)} use 2-D tiles, E4M3 (NVFP4) scales or the {per_element} rule "
-                         f"(valid with backend 'xla')")
+    """Refuse operand specs the Pallas kernels do not implement (:mod:`mx_proxy.numerics.kernel_support`, the
+    declaration the kernels check too), naming them, why, and what the kernels do implement."""
+    why: dict[str, list[str]] = {}
+    for f in OPERANDS:
+        spec = getattr(r, f)
+        for refused in () if spec is None else kernel_support.refusals(spec, f):
+            why.setdefault(refused.short, []).append(f)
+    if why:
+        reasons = "; ".join(f"{', '.join(fields)} use {short}" for short, fields in why.items())
+        rules, roundings = "/".join(kernel_support.rules()), " and ".join(kernel_support.ROUNDINGS)
+        raise ValueError(f"backend 'pallas' supports 1-D blocks of a power-of-two size with E8M0 {rules} scales "
+                         f"and roundings {roundings}; {reasons} (valid with backend 'xla')")

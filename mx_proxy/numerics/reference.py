@@ -184,13 +184,13 @@ _BUMPS = {"floor": (None, False), "rceil": (_above_max_normal, False), "ceil": (
 def _block_exponent(amax: np.ndarray, spec) -> tuple[np.ndarray, np.ndarray]:
     """Scale exponent e and NaN flag per block, from float64 amax."""
     fmt = spec.element
-    if spec.scale_rule not in _BUMPS:
+    if spec.scale_rule.name not in _BUMPS:  # its own written-out definitions, by name (not the registry's)
         raise ValueError(f"the float64 reference defines the scale rules {', '.join(_BUMPS)}, not "
-                         f"{spec.scale_rule!r} (check a new rule against its own written-out definition)")
+                         f"{spec.scale_rule.name!r} (check a new rule against its own written-out definition)")
     finite = np.isfinite(amax)
     amax = np.where(finite, amax, 0.0)
     fl = _floor_log2(amax)
-    bump, carries = _BUMPS[spec.scale_rule]
+    bump, carries = _BUMPS[spec.scale_rule.name]
     up = np.zeros(np.shape(amax), bool) if bump is None else bump(amax, fl, fmt)
     # (a float32 subnormal amax counts as 2**-127 here, as in the bit layout; the clamp hides it but for emax 0)
     e = np.maximum(np.maximum(fl, -127) + up - fmt.emax, SCALE_EXP_MIN)

@@ -6,8 +6,12 @@ with a ``name``, a one-line ``doc`` and the properties the code needs (a
 function, a width rule, the formats it is defined for). Each kind has one
 :class:`Registry`, and everything that names entries reads it: Config's
 validation and choices, the command line's options and ``mx-proxy list``,
-the docs' tables and the explorer's dropdowns. Nothing else lists the names
-or compares them as strings, so adding an entry is writing it down once.
+the docs' tables and the explorer's dropdowns. Nothing else lists an entry's
+name or compares it as a string (a spec holds the entry itself, e.g.
+``MXSpec.scale_rule``), so adding an entry is writing it down once. Choices
+that are not registries are plain tuples whose code does compare names:
+the architectures (``nn/architectures.py``: ``arch == "ngpt"``) and the init
+schemes (``nn/blocks.py``: ``init == "pytorch"``).
 
 The entries of the activation, normalization and scale-rule registries each
 live in a module of their own package (``mx_proxy/nn/activations/``,

@@ -339,8 +339,10 @@ def _check_checkpoint(parent: Run, sink, at_step: int) -> None:
 
 
 def _child_config(pc: Config, new_recipe, changes: dict, at_step: int) -> Config:
-    """The continued run's config: the parent's with the new recipe and ``changes``."""
-    child = pc.replace(recipe=new_recipe, **changes)
+    """The continued run's config: the parent's with the new recipe and ``changes``. The new recipe is whole
+    (the parent's ``scale_rule`` is already applied to the parent's recipe, a change of it applies it again or
+    another rule), so the child's ``scale_rule`` is ``None``."""
+    child = pc.replace(recipe=new_recipe, scale_rule=None, **changes)
     if child.steps <= at_step:
         raise ValueError(f"steps ({child.steps}) must exceed at_step ({at_step}) to continue the run")
     if child.diagnostics_every and at_step % child.diagnostics_every:

@@ -8,8 +8,10 @@ step, see :func:`entry_key`):
 - ``metrics.parquet`` — ``Run.metrics``, one row per step (:mod:`mx_proxy.store.tables`' compact format);
 - ``params.npz`` — final student parameters (``block_0/fc1`` … keys);
 - ``checkpoints/`` — orbax checkpoints (see :mod:`mx_proxy.store.checkpoint`);
-- ``run.json`` — diverged_at, wall time, provenance and the code version (a
-  hash of the numerics modules' source), written last.
+- ``run.json`` — diverged_at, wall time, provenance and the code version
+  (:func:`mx_proxy.training.code_version.code_version`: a hash of the source of
+  every subpackage that decides a run's numbers, ``code_version.SOURCES``:
+  numerics, pallas, nn, training and runner), written last.
 
 A run trains in ``<root>/<key>.partial-<pid>@<host>/``, a folder of the training
 process's own (its checkpoints land there), and is promoted to

@@ -27,6 +27,7 @@ from mx_proxy.nn.blocks import INITS
 from mx_proxy.nn.norms import NORMS
 from mx_proxy.numerics import formats as _formats
 from mx_proxy.numerics import recipe as _recipes
+from mx_proxy.numerics import scale_rules as _scale_rules
 from mx_proxy.numerics.recipe import Recipe
 from mx_proxy.training import config_json
 from mx_proxy.training.config_json import SCHEMA
@@ -67,7 +68,14 @@ class Config:
     ``warmup_steps`` of linear warm-up. Seeds: ``seed`` (student init),
     ``data_seed`` (batches), ``teacher_seed`` (teacher weights).
 
-    Precision: ``recipe`` (a preset name or a :class:`Recipe`). ``dot``:
+    Precision: ``recipe`` (a preset name or a :class:`Recipe`). ``scale_rule``
+    (``mx-proxy list scale-rules``): ``None`` keeps the recipe's own E8M0
+    scale rules; a rule's name puts every E8M0 operand of the recipe (its
+    overrides' and LN affine spec included) under it, as the suffix spelling
+    does: ``recipe="mxfp8_e4m3", scale_rule="ceil"`` trains the recipe
+    ``mxfp8_e4m3+ceil`` (its name records the rule; NVFP4's E4M3 scales keep
+    theirs). A recipe whose name applies another rule (``"mxfp8_e4m3+rceil"``
+    with ``scale_rule="ceil"``) is refused; the same one is fine. ``dot``:
     how GEMMs whose operands hold only bfloat16 values (MX elements of at
     most 8 significant bits with E8M0 scales, bf16 vector values) are
     computed on the CPU: ``"f32"`` float32 dots, the reproducible reference
@@ -187,6 +195,9 @@ class Config:
     quant_stats: bool = knob(False, "at every diagnostics step also record quantization statistics of each "
                                     "quantized GEMM operand (quant/<layer>/<operand>/<stat> columns)",
                              intervene=True, keyed_when_set=True)
+    scale_rule: str | None = knob(None, "E8M0 scale rule of every MX operand of the recipe (none: the recipe's own; "
+                                        "--recipe R --scale-rule X trains R+X; mx-proxy list scale-rules)",
+                                  choices=_scale_rules.RULES, keyed_when_set=True)
 
     def __post_init__(self):
         for f in dataclasses.fields(self):  # numpy scalars are welcome; store them as Python numbers

@@ -86,11 +86,32 @@ def _check_optimizer(config) -> None:
 def _resolve_precision(config) -> None:
     """The recipes as :class:`Recipe` objects, the diagnostic format checked; the reference must be deterministic."""
     MXSpec(config.diagnostic_format)  # validates the name
-    _set(config, "recipe", _recipes.get(config.recipe))
+    _set(config, "recipe", _with_scale_rule(_recipes.get(config.recipe), config.scale_rule))
     _set(config, "reference_recipe", _recipes.get(config.reference_recipe))
     if config.reference_recipe.stochastic:
         raise ValueError(f"reference_recipe {config.reference_recipe.name!r} rounds stochastically; the reference "
                          f"must be deterministic (e.g. fp32 or bf16)")
+
+
+def _with_scale_rule(recipe, rule: str | None):
+    """``recipe`` under ``Config.scale_rule`` ``rule``: unchanged for ``None`` or a recipe whose name already
+    applies ``rule`` (``mxfp8_e4m3+ceil``), else the recipe ``NAME+RULE`` (:func:`~mx_proxy.numerics.recipe.mitigate`).
+
+    Raises:
+      ValueError: a recipe whose name applies another rule, or a rule not defined for one of its formats.
+    """
+    named = _recipes.scale_rule_of(recipe)
+    if rule is None or named == rule:
+        return recipe
+    if named is not None:
+        base = recipe.name.split("+")[0]
+        raise ValueError(f"scale_rule {rule!r} disagrees with recipe {recipe.name!r}, whose name applies the scale "
+                         f"rule {named!r}; give the rule once (recipe {base!r} with scale_rule {rule!r}, or the "
+                         f"recipe {base + '+' + rule!r}) or make the two agree")
+    try:
+        return _recipes.mitigate(recipe, rule)
+    except ValueError as err:
+        raise ValueError(f"scale_rule {rule!r}: {err}") from None
 
 
 def _check_paired(config) -> None:

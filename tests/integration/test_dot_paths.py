@@ -119,7 +119,7 @@ def test_bf16_dot_has_the_same_operands_and_f32_accumulation_bounds(r):
     ins = [_gemm_inputs(x, w, g, gemm) for gemm, *_ in gemms]
 
     def mm(ins, dot):
-        return [layers.mx_matmul(a, b, getattr(r, ra), getattr(r, rb), "fp32", a_axis=ax_a, b_axis=ax_b,
+        return [layers.quantized_matmul(a, b, getattr(r, ra), getattr(r, rb), "fp32", a_axis=ax_a, b_axis=ax_b,
                                  a_key=layers.operand_key(key, r, ra), b_key=layers.operand_key(key, r, rb),
                                  rounding=r.vector_rounding, dot=dot)
                 for (a, b), (_, ra, rb, ax_a, ax_b) in zip(ins, gemms)]

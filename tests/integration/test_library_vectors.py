@@ -247,6 +247,6 @@ def test_paper_bump_is_e4m3_only_as_in_the_authors_code():
     with pytest.raises(ValueError, match="E4M3-only exponent bump; recipe 'paper_mix' also has fp8_e5m2"):
         recipes.mitigate("paper_mix", "paper_bump")
     bumped = recipes.mitigate("paper_e4m3", "paper_bump")
-    assert bumped.fwd_x.scale_rule == "paper_bump" and bumped.name == "paper_e4m3+paper_bump"
+    assert bumped.fwd_x.scale_rule.name == "paper_bump" and bumped.name == "paper_e4m3+paper_bump"
     with pytest.raises(ValueError, match="paper_bump rule"):
         bumped.replace(backend="pallas")

@@ -389,11 +389,11 @@ def test_stats_describe_what_quantize_did():
 
 def test_constants_and_names():
     assert NVFP4 == MXSpec("fp4_e2m1", block_size=16, scale_format="e4m3", scale_rule="amax")
-    assert NVFP4.scale_rule == "amax" and NVFP4.block_size == 16 and NVFP4.block_dims == 1
+    assert NVFP4.scale_rule.name == "amax" and NVFP4.block_size == 16 and NVFP4.block_dims == 1
     assert NVFP4_2D == NVFP4.replace(block_dims=2)
     assert NVFP4.name == "nvfp4_e2m1/16/amax/even"
     assert NVFP4_2D.replace(rounding="stochastic").name == "nvfp4_e2m1/16x16/amax/stochastic"
-    assert MXSpec("fp4_e2m1").scale_rule == "floor"  # None resolves per scale format
+    assert MXSpec("fp4_e2m1").scale_rule.name == "floor"  # None resolves per scale format
 
 
 def test_grad_is_straight_through():

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import mx_proxy as mxp
+from mx_proxy.numerics import scale_rules
 from mx_proxy.numerics.mx import bits as B
 from mx_proxy.numerics.mx import block_scale as scale
 from mx_proxy.numerics.mx import element
@@ -30,10 +31,10 @@ def _amax_sweep() -> np.ndarray:
 
 
 @pytest.mark.parametrize("word", [B.F32, B.BF16], ids=["f32", "bf16"])
-@pytest.mark.parametrize("rule", scale.SCALE_RULES)
+@pytest.mark.parametrize("name", scale_rules.names())
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_per_block_quantities_equal_their_rows_of_the_table(fmt, rule, word):
-    f = mxp.formats.get(fmt)
+def test_per_block_quantities_equal_their_rows_of_the_table(fmt, name, word):
+    f, rule = mxp.formats.get(fmt), scale_rules.get(name)
     if word == B.BF16 and f.mantissa_bits > B.BF16.fraction:
         pytest.skip(f"{fmt} is not rounded on bf16 words")
     amax = _amax_sweep() >> (32 - word.bits)  # bf16: the top half of each pattern (its bf16 truncation)

@@ -29,7 +29,7 @@ def test_presets_follow_the_paper():
             for f in ("fwd_x", "fwd_w", "dgrad_g", "dgrad_w", "wgrad_x", "wgrad_g")} == {"away"}
     assert not recipes.get("forward_only").quantizes_backward
     assert recipes.get("ln_exempt").ln_precision == "fp32" and recipes.get("ln_exempt").ln_affine is None
-    assert recipes.get("rceil").fwd_w.scale_rule == "rceil"
+    assert recipes.get("rceil").fwd_w.scale_rule.name == "rceil"
     bfa = recipes.get("bf16_activations")
     assert bfa.fwd_x is None and bfa.fwd_w is not None and bfa.wgrad_x is None
     assert recipes.get("fp32").is_full_precision and not recipes.get("bf16").is_full_precision

@@ -23,6 +23,9 @@ reads), against definitions transcribed from their sources:
 ``quantize_stats`` against the float64 reference.
 """
 
+import pickle
+
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -117,7 +120,7 @@ def mx_library_floor(bits, fmt, dtype=np.float64) -> np.ndarray:
 
 def ours(bits, fmt, rule) -> tuple[np.ndarray, np.ndarray]:
     """(direct, per block as the quantizer computes them) exponents of the block scale."""
-    f, a = formats.get(fmt), jnp.asarray(bits)
+    f, a, rule = formats.get(fmt), jnp.asarray(bits), scale_rules.get(rule)
     direct = _with_nan(*block_scale.block_exponent(a, f, rule))
     blk = block_scale.per_block_quantities(a, f, rule)
     return direct, _with_nan(blk.e, blk.nan)
@@ -125,7 +128,7 @@ def ours(bits, fmt, rule) -> tuple[np.ndarray, np.ndarray]:
 
 def test_every_rule_is_registered_and_listed_in_order():
     assert scale_rules.names()[:5] == ("floor", "rceil", "ceil", "even", "paper_bump")
-    assert MXSpec("fp8_e4m3").scale_rule == "floor"
+    assert MXSpec("fp8_e4m3").scale_rule.name == "floor"
     with pytest.raises(ValueError, match="unknown scale_rule 'nearest_pow2'.*floor, rceil, ceil, even, paper_bump"):
         scale_rules.get("nearest_pow2")
 
@@ -244,16 +247,41 @@ def test_rules_apply_per_operand_in_a_recipe():
         assert np.abs(y - product(*other)).max() > 1e-3 * scale, other
 
     back = recipe_json.from_json(recipe_json.to_json(r))
-    assert (back.fwd_x.scale_rule, back.fwd_w.scale_rule) == ("floor", "ceil")
+    assert (back.fwd_x.scale_rule.name, back.fwd_w.scale_rule.name) == ("floor", "ceil")
     cfg = Config(recipe=r)
-    assert (cfg.recipe.fwd_x.scale_rule, cfg.recipe.fwd_w.scale_rule) == ("floor", "ceil")
+    assert (cfg.recipe.fwd_x.scale_rule.name, cfg.recipe.fwd_w.scale_rule.name) == ("floor", "ceil")
     # a preset with one operand changed, and every rule by name on a whole preset
     e4m3 = get("mxfp8_e4m3")
     one = e4m3.replace(wgrad_g=e4m3.wgrad_g.replace(scale_rule="even"))
-    assert [getattr(one, op).scale_rule for op in ("fwd_x", "wgrad_g")] == ["floor", "even"]
+    assert [getattr(one, op).scale_rule.name for op in ("fwd_x", "wgrad_g")] == ["floor", "even"]
     for rule in scale_rules.names():
-        assert {s.scale_rule for s in (getattr(get(f"mxfp8_e4m3+{rule}"), f.name) for f in dataclasses.fields(r)
+        assert {s.scale_rule.name for s in (getattr(get(f"mxfp8_e4m3+{rule}"), f.name) for f in dataclasses.fields(r)
                                        if f.name in ("fwd_x", "fwd_w", "dgrad_g", "dgrad_w", "wgrad_x", "wgrad_g"))} \
             == {rule}
     with pytest.raises(ValueError, match="unknown recipe 'mxfp8_e4m3\\+nearest'.*valid: fp32"):
         get("mxfp8_e4m3+nearest")
+
+
+def test_a_spec_holds_its_rule_object_resolved_once():
+    from mx_proxy.numerics import recipe_json
+    from mx_proxy.numerics.quantize import NVFP4
+    from mx_proxy.numerics.recipe import get
+    from mx_proxy.numerics.spec import AMAX
+
+    ceil = scale_rules.get("ceil")
+    spec = MXSpec("fp8_e4m3", scale_rule="ceil")
+    assert spec.scale_rule is ceil and spec.rule is ceil and "ScaleRule(ceil)" in repr(spec)
+    by_object = MXSpec("fp8_e4m3", scale_rule=ceil)
+    assert by_object == spec and hash(by_object) == hash(spec) and spec.name == "mxfp8_e4m3/32/ceil/even"
+    assert NVFP4.scale_rule is AMAX and NVFP4.rule is None
+    back = pickle.loads(pickle.dumps(spec))  # an equal rule, not the registry's object: resolves to it again
+    assert back == spec and hash(back) == hash(spec) and back.replace(rounding="away").scale_rule is ceil
+    with pytest.raises(ValueError, match="not registered"):
+        MXSpec("fp8_e4m3", scale_rule=scale_rules.ScaleRule("ceil", "another rule of the same name"))
+    fn = jax.jit(lambda x, s: quantize(x, s), static_argnums=1)  # a static argument: one program for both
+    x = jnp.linspace(-3.0, 3.0, 64, dtype=jnp.float32)
+    assert np.array_equal(np.asarray(fn(x, spec)), np.asarray(fn(x, by_object))) and fn._cache_size() == 1
+    recipe = get("mxfp8_e4m3+ceil")
+    assert recipe_json.to_json(recipe)["fwd_x"]["scale_rule"] == "ceil"  # stored (and hashed) by name
+    assert recipe_json.from_json(recipe_json.to_json(recipe)) == recipe
+

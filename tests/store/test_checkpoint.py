@@ -117,7 +117,7 @@ def test_named_interventions():
     got = {n: mxp.mitigate(r, n) for n in mxp.MITIGATIONS}
     assert got["fp32"].is_full_precision
     assert got["ln_exempt"].ln_precision == "fp32" and got["ln_exempt"].ln_affine is None
-    assert all(getattr(got["rceil"], f).scale_rule == "rceil" for f in ("fwd_x", "fwd_w", "dgrad_g", "wgrad_g"))
+    assert all(getattr(got["rceil"], f).scale_rule.name == "rceil" for f in ("fwd_x", "fwd_w", "dgrad_g", "wgrad_g"))
     a = got["bf16_activations"]
     assert a.fwd_x is None and a.dgrad_g is None and a.wgrad_x is None and a.fwd_w is not None
     assert not got["forward_only"].quantizes_backward and got["forward_only"].fwd_x is not None

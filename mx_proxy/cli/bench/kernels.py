@@ -46,7 +46,8 @@ import numpy as np
 
 from mx_proxy.cli.bench.step import interleaved_medians, step_timer
 from mx_proxy.numerics import recipe as recipes
-from mx_proxy.numerics.quantize import SCALE_RULES, MXSpec, quantize
+from mx_proxy.numerics import scale_rules
+from mx_proxy.numerics.quantize import MXSpec, quantize
 from mx_proxy.pallas import backend
 from mx_proxy.pallas import matmul as mm
 from mx_proxy.pallas import quantize as mxq
@@ -158,7 +159,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="M = N = K values (default: 4096 8192 on a GPU, 256 on a CPU)")
     p.add_argument("--formats", nargs="+", default=list(DEFAULT_FORMATS), choices=list(mxq.MX_FORMATS),
                    help="element formats (default: %(default)s)")
-    p.add_argument("--scale-rule", default="floor", choices=list(SCALE_RULES))
+    p.add_argument("--scale-rule", default="floor", choices=list(scale_rules.names()))
     p.add_argument("--iters", type=int, default=None, help="timed runs per measurement (default: 10 GPU, 1 CPU)")
     p.add_argument("--block-sizes", type=int, nargs=3, default=None, metavar=("BM", "BN", "BK"),
                    help="GEMM tiles, powers of two >= 16, BK a multiple of 32 (default: mx_proxy.pallas.tuning)")

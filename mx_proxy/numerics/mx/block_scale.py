@@ -28,17 +28,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mx_proxy.numerics import scale_rules
 from mx_proxy.numerics.formats import ElementFormat
 from mx_proxy.numerics.mx import bits as B
+from mx_proxy.numerics.scale_rules import ScaleRule
 
 __all__ = [
-    "SCALE_RULES", "SCALE_EXP_MIN", "SCALE_EXP_MAX", "NAN_SCALE_EXP", "E8M0_BIAS", "E8M0_NAN", "Block",
+    "SCALE_EXP_MIN", "SCALE_EXP_MAX", "NAN_SCALE_EXP", "E8M0_BIAS", "E8M0_NAN", "Block",
     "floor_exponent", "block_exponent", "block_quantities", "block_table",
     "table_row", "word_table", "per_block_quantities", "e8m0_bytes", "e8m0_pow2", "element_bump",
 ]
 
-SCALE_RULES = scale_rules.names()  # the E8M0 (power-of-two) scale rules at import (the registry is the live list)
 SCALE_EXP_MIN, SCALE_EXP_MAX = -127, 127  # E8M0 range
 NAN_SCALE_EXP = 128  # marks a NaN scale in exponent arrays
 E8M0_BIAS = 127  # E8M0 byte = e + 127
@@ -78,18 +77,17 @@ def floor_exponent(field, fmt: ElementFormat):
     return jnp.maximum(jnp.where(field > 0, field - 127, SCALE_EXP_MIN) - fmt.emax, SCALE_EXP_MIN)
 
 
-def _nan(field, e, up, rule):
+def _nan(field, e, up, rule: ScaleRule):
     """NaN blocks: amax Inf or NaN, an exponent above 127, or (a rule that
     rounds amax) a carry out of the largest float32 binade."""
     nan = (field == 255) | (e > SCALE_EXP_MAX)
     return nan | (up & (field == 254)) if rule.carries_amax else nan
 
 
-def block_exponent(amax, fmt: ElementFormat, scale_rule: str):
+def block_exponent(amax, fmt: ElementFormat, rule: ScaleRule):
     """Shared exponent ``e`` (int32) and NaN-block flag of blocks with amax
-    bits ``amax`` under ``scale_rule`` (a per-element rule gives its blocks'
-    floor exponent; see :func:`element_bump`)."""
-    rule = scale_rules.get(scale_rule)
+    bits ``amax`` under ``rule`` (a spec's ``scale_rule``; a per-element rule
+    gives its blocks' floor exponent, see :func:`element_bump`)."""
     field = (amax >> 23).astype(jnp.int32)
     e = floor_exponent(field, fmt)
     if rule.bump is None:
@@ -108,23 +106,21 @@ def block_quantities(e, nan, fmt: ElementFormat) -> Block:
 
 
 @functools.cache
-def block_table(fmt: ElementFormat, scale_rule: str) -> np.ndarray:
+def block_table(fmt: ElementFormat, rule: ScaleRule) -> np.ndarray:
     """:func:`block_quantities` of every possible block: an int64 table with
     columns (e, nan, sat, v, step, half), one row per amax exponent field F
     (0..255), and for a rule with a bump 256 more rows with e bumped by one.
     A block depends on its amax only through its row (:func:`table_row`)."""
-    scale_rules.get(scale_rule)
     # The compiled program, called: concrete even when first asked for inside a trace. (Calling the jitted
     # function under ``ensure_compile_time_eval`` instead would evaluate it op by op, a dozen compilations.)
-    cols = _block_table_columns.lower(fmt, scale_rule).compile()()
+    cols = _block_table_columns.lower(fmt, rule).compile()()
     return np.stack([np.asarray(c).astype(np.int64) for c in cols], axis=-1)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _block_table_columns(fmt: ElementFormat, scale_rule: str) -> Block:
+def _block_table_columns(fmt: ElementFormat, rule: ScaleRule) -> Block:
     """The columns of :func:`block_table`, computed as one small compiled
     program (op-by-op evaluation would compile a dozen)."""
-    rule = scale_rules.get(scale_rule)
     field = jnp.arange(256, dtype=jnp.int32)
     e = floor_exponent(field, fmt)
     up = jnp.zeros(256, bool)
@@ -133,11 +129,10 @@ def _block_table_columns(fmt: ElementFormat, scale_rule: str) -> Block:
     return block_quantities(e, _nan(field, e, up, rule), fmt)
 
 
-def table_row(amax, fmt: ElementFormat, scale_rule: str):
+def table_row(amax, fmt: ElementFormat, rule: ScaleRule):
     """Row of :func:`block_table` per block of float32 amax bits ``amax``: the
     amax exponent field, plus 256 where the rule bumps e (the same test as
     :func:`block_exponent`)."""
-    rule = scale_rules.get(scale_rule)
     field = (amax >> 23).astype(jnp.int32)
     if rule.bump is None:
         return field
@@ -146,14 +141,14 @@ def table_row(amax, fmt: ElementFormat, scale_rule: str):
 
 
 @functools.cache
-def word_table(fmt: ElementFormat, scale_rule: str, word: B.Word) -> np.ndarray:
+def word_table(fmt: ElementFormat, rule: ScaleRule, word: B.Word) -> np.ndarray:
     """:func:`block_table` in the bit patterns of ``word`` (float32: itself;
     bfloat16: sat, step and half cut to their top 16 bits, v in bf16 ulps).
 
     Raises:
       ValueError: a saturation bound of ``fmt`` that is not a bfloat16 value.
     """
-    table = block_table(fmt, scale_rule)
+    table = block_table(fmt, rule)
     if word == B.F32:
         return table
     cut = 32 - word.bits
@@ -175,7 +170,7 @@ def _in_word(v, sat, step, half, nan, word: B.Word, where):
     return where(nan, _NAN_V, v - (23 - word.fraction)), sat >> cut, step >> cut, half >> cut
 
 
-def per_block_quantities(amax, fmt: ElementFormat, scale_rule: str, word: B.Word = B.F32) -> Block:
+def per_block_quantities(amax, fmt: ElementFormat, rule: ScaleRule, word: B.Word = B.F32) -> Block:
     """:func:`block_quantities` of :func:`block_exponent`, in the bit patterns
     of ``word`` (as :func:`word_table` writes them), computed once per block.
     ``amax``: block magnitude bits of ``word`` (float32 by default), one per
@@ -194,8 +189,8 @@ def per_block_quantities(amax, fmt: ElementFormat, scale_rule: str, word: B.Word
         bound is not a value of the word (:func:`word_table`).
     """
     if word != B.F32:
-        word_table(fmt, scale_rule, word)  # raises for a format too fine for the word (cached per format and rule)
-    e, nan = block_exponent(amax.astype(np.uint32) << (32 - word.bits) if word != B.F32 else amax, fmt, scale_rule)
+        word_table(fmt, rule, word)  # raises for a format too fine for the word (cached per format and rule)
+    e, nan = block_exponent(amax.astype(np.uint32) << (32 - word.bits) if word != B.F32 else amax, fmt, rule)
     q = block_quantities(e, nan, fmt)
     v, *bounds = _in_word(q.v, q.sat, q.step, q.half, nan, word, jnp.where)
     vals = (v.astype(word.sint), *(x.astype(word.uint) for x in bounds))
@@ -205,12 +200,11 @@ def per_block_quantities(amax, fmt: ElementFormat, scale_rule: str, word: B.Word
     return Block(e=e, nan=v < _NAN_BELOW, sat=sat, v=v, step=step, half=half)
 
 
-def element_bump(a, axis: int, scale_rule: str):
+def element_bump(a, axis: int, rule: ScaleRule):
     """The per-element bump (int32 0/1) of a rule whose exponent varies within
     a block (``paper_bump``), for the split view ``a`` of magnitude bits
     (blocks along ``axis``, elements along ``axis + 1``); ``None`` for a
     rule with one exponent per block."""
-    rule = scale_rules.get(scale_rule)
     return None if rule.element_bump is None else rule.element_bump(a, axis)
 
 

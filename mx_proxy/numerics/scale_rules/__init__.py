@@ -69,6 +69,10 @@ class ScaleRule:
       scope: what it is, where ``elements`` limits it (the message of a recipe
         change that would apply it to other formats).
       order: its place in listings (lower first).
+
+    Specs hold the rule itself (``MXSpec.scale_rule``): it hashes and compares
+    by its data fields (not its functions), and its ``repr`` is its name, so
+    the text of a spec is the same in every process.
     """
 
     name: str
@@ -79,6 +83,9 @@ class ScaleRule:
     elements: tuple[str, ...] | None = None
     scope: str = ""
     order: int = 100
+
+    def __repr__(self) -> str:  # short, readable in notebooks, the same in every process
+        return f"ScaleRule({self.name})"
 
     @property
     def per_element(self) -> bool:
