@@ -25,6 +25,7 @@ from mx_proxy.cli.help import cli_message
 from mx_proxy.cli.list_command import add_list_command
 from mx_proxy.cli.parser import Parser
 from mx_proxy.cli.track_options import add_track_options, tracking_from_args
+from mx_proxy.cli.transformer_command import add_transformer_command
 from mx_proxy.experiments import (
     campaign,
     campaign_status,
@@ -198,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     camp.set_defaults(func=guard(_campaign), parser=camp)
     add_ensemble_command(sub)
     add_list_command(sub)
+    add_transformer_command(sub)
 
     rep = sub.add_parser(
         "report", help="a campaign's or an ensemble's results as Markdown (the README's headline)",
