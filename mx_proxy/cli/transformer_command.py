@@ -14,6 +14,8 @@ on stderr and exit status 2, before any training.
 
 from __future__ import annotations
 
+import pandas as pd
+
 from mx_proxy.cli.experiment_commands import check_out, guard
 from mx_proxy.experiments import transformer
 from mx_proxy.numerics import recipe as recipes
@@ -22,7 +24,7 @@ __all__ = ["add_transformer_command"]
 
 
 def _fmt(value, spec: str) -> str:
-    return "-" if value != value or value is None else format(value, spec)  # NaN or missing
+    return "-" if pd.isna(value) else format(value, spec)
 
 
 def _run(args) -> int:
@@ -35,7 +37,7 @@ def _run(args) -> int:
     result = transformer.compare(scale, args.recipes, args.seed, quant_stats=args.quant_stats)
     table = transformer.summary(result)
     for _, r in table.iterrows():
-        blowup = "none" if r["blowup_at"] is None or r["blowup_at"] != r["blowup_at"] else f"step {r['blowup_at']}"
+        blowup = "none" if pd.isna(r["blowup_at"]) else f"step {r['blowup_at']}"
         line = (f"{r['recipe']:<12} final loss {r['final_loss']:.4f}  blow-up {blowup:<10} "
                 f"zeta mean {_fmt(r['zeta_mean'], '.4f')} last {_fmt(r['zeta_last'], '.4f')}  "
                 f"cosine {_fmt(r['cosine_last'], '.4f')}")
