@@ -154,7 +154,8 @@ def _loss(apply, scale: TransformerScale):
 class Comparison:
     """What :func:`compare` measured: ``history`` (one row per recipe and step: ``recipe``, ``step``, ``loss``,
     and ``zeta``, ``cosine`` of an MX run's gradient at that step, NaN for FP32), ``quant`` (one row per
-    recipe, layer and operand: the operand statistics after the last step; empty without ``quant_stats``) and the ``scale`` and ``seed``."""
+    recipe, layer and operand: the operand statistics after the last step; empty without ``quant_stats``)
+    and the ``scale`` and ``seed``."""
 
     scale: TransformerScale
     seed: int
