@@ -45,8 +45,8 @@ from mx_proxy.interop.linen import quantize
 from mx_proxy.numerics import recipe as recipes
 from mx_proxy.store import durable
 
-__all__ = ["TransformerScale", "SCALES", "RECIPES", "Decoder", "batch", "Comparison", "compare", "summary",
-           "write"]
+__all__ = ["TransformerScale", "SCALES", "RECIPES", "Decoder", "decoder", "batch", "loss_fn", "Comparison", "compare",
+           "summary", "write"]
 
 RECIPES = ("fp32", "mxfp8_e4m3", "paper_e4m3")
 """The recipes :func:`compare` trains by default: the model as written, MX FP8 E4M3, the authors' computation."""
@@ -85,7 +85,7 @@ class TransformerScale:
 
 SCALES = {
     "smoke": TransformerScale(vocab=16, seq_len=16, width=32, depth=2, heads=2, batch=8, steps=8, lr=3e-3),
-    "quick": TransformerScale(vocab=16, seq_len=16, width=32, depth=2, heads=2, batch=16, steps=200, lr=3e-3),
+    "quick": TransformerScale(vocab=16, seq_len=16, width=32, depth=2, heads=2, batch=16, steps=150, lr=3e-3),
     "gpu": TransformerScale(vocab=128, seq_len=128, width=256, depth=4, heads=8, batch=64, steps=2000, lr=1e-3),
 }
 """smoke: seconds on a CPU (the tests); quick: minutes on a 2-core CPU (the notebook's size); gpu: one GPU."""
@@ -138,8 +138,9 @@ def batch(scale: TransformerScale, seed: int, step: int) -> jax.Array:
     return jnp.concatenate([half, half], axis=1)
 
 
-def _loss(apply, scale: TransformerScale):
-    """``loss(params, tokens)``: mean cross-entropy (nats) of predicting the second half."""
+def loss_fn(apply, scale: TransformerScale):
+    """``loss(params, tokens)``: the mean cross-entropy (nats) of predicting the second half of ``tokens``
+    (batch, seq_len) with ``apply(params, tokens[:, :-1])`` (the model's ``apply`` or a quantized one's)."""
     start = scale.seq_len // 2 - 1  # the position whose next token is the first of the copy
 
     def loss(params, tokens):
@@ -169,7 +170,7 @@ def _train(name: str, scale: TransformerScale, seed: int, params0, model: Decode
         loss = ref_loss
     else:
         q = quantize(model, {"*": name}, jax.ShapeDtypeStruct((scale.batch, scale.seq_len - 1), jnp.int32))
-        loss = _loss(q.apply, scale)
+        loss = loss_fn(q.apply, scale)
     opt = optax.adam(scale.lr)
 
     @jax.jit
@@ -218,7 +219,7 @@ def compare(scale: TransformerScale | str = "smoke", recipe_names=RECIPES, seed:
         recipes.get(n)  # an unknown name is a ValueError naming the presets, before any work
     model = decoder(scale)
     params0 = model.init(jax.random.key(seed), batch(scale, seed, 0)[:, :-1])
-    ref_loss = _loss(model.apply, scale)
+    ref_loss = loss_fn(model.apply, scale)
     rows, quants = [], []
     for n in names:
         r, q = _train(n, scale, seed, params0, model, ref_loss, quant_stats)
