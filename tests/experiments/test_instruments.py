@@ -12,6 +12,7 @@ from scipy import stats as sps
 
 from mx_proxy.experiments import analysis, instruments
 from mx_proxy.interop.linen import quantize
+from mx_proxy.interop.nnx_model import quantize_nnx
 from mx_proxy.training.config import Config
 from mx_proxy.training.result import Run
 
@@ -132,3 +133,34 @@ def test_blowup_rates_counts_and_clopper_pearson():
     np.testing.assert_allclose(table.iloc[1][["rate", "low", "high"]].to_numpy(float), [2 / 3, ci.low, ci.high])
     with pytest.raises(ValueError, match="'empty'"):
         instruments.blowup_rates({"empty": []})
+
+
+def test_the_instruments_read_an_nnx_model_against_its_unquantized_clone():
+    from flax import nnx
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.norm = nnx.RMSNorm(32, rngs=rngs)
+            self.fc = nnx.Linear(32, 8, rngs=rngs)
+
+        def __call__(self, x):
+            return self.fc(self.norm(x))
+
+    model = Net(nnx.Rngs(0))
+    ref = nnx.clone(model)
+    quantize_nnx(model, "mxfp8_e4m3")
+    graph, params = nnx.split(model, nnx.Param)
+    ref_graph, ref_params = nnx.split(ref, nnx.Param)
+    x = jax.random.normal(jax.random.key(1), (16, 32))
+
+    def loss(p, x):
+        return jnp.mean(nnx.merge(graph, p)(x) ** 2)
+
+    def ref_loss(p, x):
+        return jnp.mean(nnx.merge(ref_graph, p)(x) ** 2)
+
+    bias = instruments.gradient_bias(loss, ref_loss, params, x)  # the same Params fit both graphs
+    g, g_ref = jax.grad(loss)(params, x), jax.grad(ref_loss)(ref_params, x)
+    diff = np.sqrt(sum(float(jnp.sum((a - b) ** 2)) for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref))))
+    np.testing.assert_allclose(float(bias.error_norm), diff, rtol=1e-5)
+    assert float(bias.zeta) > 0
