@@ -28,6 +28,7 @@ from mx_proxy.cli.plan_command import add_plan_options
 from mx_proxy.cli.plan_command import run as plan_report
 from mx_proxy.cli.plan_command import wanted as wants_plan
 from mx_proxy.cli.track_options import add_track_options, tracking_from_args
+from mx_proxy.cli.transformer_command import add_transformer_command
 from mx_proxy.experiments import (
     campaign,
     campaign_status,
@@ -204,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     camp.set_defaults(func=guard(_campaign), parser=camp)
     add_ensemble_command(sub)
     add_list_command(sub)
+    add_transformer_command(sub)
 
     rep = sub.add_parser(
         "report", help="a campaign's or an ensemble's results as Markdown (the README's headline)",

@@ -13,5 +13,8 @@ Between ``nn`` (the proxy's layers, which it reuses as they are) and
 * :mod:`~mx_proxy.interop.rounding`: stochastic-rounding keys (``rounding_key``);
 * :mod:`~mx_proxy.interop.capture`: per-operand quantization statistics (``operand_statistics``).
 
-docs/interop.md is the guide.
+The instruments that read such a model (the gradient bias against the
+same model in FP32, the blow-up rule on a loss history) sit above
+``training``, in :mod:`mx_proxy.experiments.instruments`; a worked example
+is :mod:`mx_proxy.experiments.transformer`. docs/interop.md is the guide.
 """

@@ -24,7 +24,8 @@ SMALL_PY = [(r"\bwidth=128\b", "width=16"), (r"\bdepth=4\b", "depth=2"),
             (r"\bmembers=8\b", "members=2, progress=False"), (r"\bhorizon=1000\b", "horizon=10")]
 SMALL_CLI = [(r"--width 128\b", "--width 16 --depth 2 --batch 32 --val-every 20"), (r"--steps 3000\b", "--steps 40"),
              (r"\b1500\b", "20"), (r"--members 8\b", "--members 2"), (r"--horizon 3000\b", "--horizon 20"),
-             (r"/tmp/ens\b", "ens")]
+             (r"/tmp/ens\b", "ens"), (r"transformer --scale quick\b", "transformer --scale smoke"),
+             (r"/tmp/transformer.csv\b", "transformer.csv")]
 
 
 def _shrink(text, rules):
@@ -65,7 +66,7 @@ def _commands():
 @pytest.mark.e2e
 def test_command_line_tour_runs_as_written(tmp_path):
     commands = list(_commands())
-    assert [c[0] for c in commands] == ["train", "intervene", "sweep", "campaign", "ensemble"]
+    assert [c[0] for c in commands] == ["train", "intervene", "sweep", "campaign", "ensemble", "transformer"]
     key = None
     for argv in commands:
         if argv[0] == "campaign":  # hours at its scale: its flags and values must parse (test_campaign runs one)
@@ -81,6 +82,8 @@ def test_command_line_tour_runs_as_written(tmp_path):
         done = subprocess.run([sys.executable, "-m", "mx_proxy.cli", *argv], cwd=tmp_path, capture_output=True,
                               text=True, timeout=900)
         assert done.returncode == 0, f"proxy {' '.join(argv)}\n{done.stdout}\n{done.stderr}"
+        if argv[0] == "transformer":
+            assert argv[:3] == ["transformer", "--scale", "smoke"] and (tmp_path / "transformer.csv").is_file()
         if argv[0] == "train":
             key = done.stdout.rsplit(" -> ", 1)[1].strip()
             assert Path(tmp_path, key).resolve().parent == (tmp_path / "runs").resolve()
