@@ -86,12 +86,16 @@ class MosaicConfig:
       bn: output columns per program (a multiple of 8, at most 256: the ``wgmma`` N range).
       bk: K-elements per pipeline step (a multiple of 128: whole 32-element chunks, 128-byte swizzle rows).
       stages: TMA pipeline depth (``max_concurrent_steps``, 1..8).
+      a_smem: feed ``wgmma`` the dequantized A from shared memory (a bf16 scratch, like B) instead of from
+        registers; costs ``2 bm bk`` bytes of shared memory and a round trip, and is the form the GPU
+        interpreter runs (it takes ``wgmma`` operands from shared memory only).
     """
 
     bm: int = 128
     bn: int = 128
     bk: int = 128
     stages: int = 3
+    a_smem: bool = False
 
     def __post_init__(self):
         check_mosaic_config(self)
@@ -106,11 +110,13 @@ def check_mosaic_config(cfg) -> None:
     rules = (("bm", lambda v: v >= 64 and v % 64 == 0, "a multiple of 64 (64, 128, 192, 256, ...)"),
              ("bn", lambda v: 8 <= v <= 256 and v % 8 == 0, "a multiple of 8 in [8, 256] (64, 128, 256, ...)"),
              ("bk", lambda v: v >= 128 and v % 128 == 0, "a multiple of 128 (128, 256, ...)"),
-             ("stages", lambda v: 1 <= v <= 8, "1..8"))
+              ("stages", lambda v: 1 <= v <= 8, "1..8"))
     for name, ok, valid in rules:
         v = getattr(cfg, name)
         if not (_is_int(v) and ok(v)):
             raise ValueError(f"MosaicConfig {name}={v!r} is invalid; valid: {valid}")
+    if not isinstance(cfg.a_smem, bool):
+        raise ValueError(f"MosaicConfig a_smem={cfg.a_smem!r} is invalid; valid: True, False")
 
 
 SMEM_LIMIT = 232448  # bytes of shared memory per block on Hopper (sm_90: 227 KiB)
@@ -118,10 +124,11 @@ SMEM_LIMIT = 232448  # bytes of shared memory per block on Hopper (sm_90: 227 Ki
 
 def smem_bytes(cfg: MosaicConfig, k_steps: int) -> int:
     """Shared memory of one program: min(stages, k_steps) buffers of both operands' code chunks and scale
-    tiles, the bf16 B chunks, the float32 output tile (the figure Mosaic GPU reports, barriers aside)."""
+    tiles and an 8-byte barrier each, the bf16 B chunks, the float32 output tile (the figure Mosaic GPU
+    reports when it refuses a kernel)."""
     buffers = min(cfg.stages, k_steps)
     per_step = (cfg.bm + cfg.bn) * cfg.bk + (cfg.bk // CHUNK) * (cfg.bm + cfg.bn)
-    return buffers * per_step + 2 * cfg.bk * cfg.bn + 4 * cfg.bm * cfg.bn
+    return buffers * (per_step + 8) + 2 * cfg.bk * (cfg.bn + cfg.bm * cfg.a_smem) + 4 * cfg.bm * cfg.bn
 
 
 def check_smem(cfg: MosaicConfig, k_steps: int) -> None:
@@ -203,72 +210,99 @@ def dequantize_chunk(codes, sbytes):
     return (codes.astype(jnp.float32) * f).astype(jnp.bfloat16)
 
 
-def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, o_smem, *, cfg: MosaicConfig, kp: int):
+def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, o_gmem, o_smem, b16_smem, *a16, cfg: MosaicConfig, kp: int,
+            interpret: bool):
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     nc = cfg.bk // CHUNK
-    row = plgpu.Layout.WGMMA.reduce(1)
-    m0 = pl.multiple_of(pl.program_id(0) * cfg.bm, cfg.bm)
-    n0 = pl.multiple_of(pl.program_id(1) * cfg.bn, cfg.bn)
+    def row(x):  # a (rows,) vector in the layout of a row of the wgmma tile (a no-op the interpreter lacks)
+        return x if interpret else plgpu.layout_cast(x, plgpu.Layout.WGMMA.reduce(1))
 
-    def scope(acc_ref, b16_smem):
+    m0 = pl.multiple_of(jax.lax.axis_index("m") * cfg.bm, cfg.bm)
+    n0 = pl.multiple_of(jax.lax.axis_index("n") * cfg.bn, cfg.bn)
+
+    def scope(acc_ref):
         def body(_, *refs):
             a_chunks, b_chunks = refs[:nc], refs[nc + 1:2 * nc + 1]
             as_smem, bs_smem = refs[nc], refs[2 * nc + 1]
-            for c in range(nc):
-                b16_smem[c] = dequantize_chunk(b_chunks[c][...], plgpu.load(bs_smem.at[c], (), layout=row))
+            for c in range(nc):  # the interpreter's wgmma takes no transposed ref: it gets B (K, N) instead
+                vb = dequantize_chunk(b_chunks[c][...], row(bs_smem[c]))
+                b16_smem[c] = vb.T if interpret else vb
             plgpu.commit_smem()
+            a = [dequantize_chunk(a_chunks[c][...], row(as_smem[c])) for c in range(nc)]
+            if cfg.a_smem:
+                for c in range(nc):
+                    a16[0][c] = a[c]
+                plgpu.commit_smem()
+                a = [a16[0].at[c] for c in range(nc)]
             for c in range(nc):
-                a = dequantize_chunk(a_chunks[c][...], plgpu.load(as_smem.at[c], (), layout=row))
-                plgpu.wgmma(acc_ref, a, plgpu.transpose_ref(b16_smem.at[c], (1, 0)))
+                b16 = b16_smem.at[c] if interpret else plgpu.transpose_ref(b16_smem.at[c], (1, 0))
+                plgpu.wgmma(acc_ref, a[c], b16)
             plgpu.wgmma_wait(0)
 
         t8 = (plgpu.TilingTransform((8, CHUNK)), plgpu.SwizzleTransform(CHUNK))  # 32 one-byte codes per row
+
         def chunk_spec(rows, c):
             return plgpu.BlockSpec((rows, CHUNK), lambda k, c=c: (0, k * nc + c), transforms=t8)
 
-        a_specs = [chunk_spec(cfg.bm, c) for c in range(nc)]
-        b_specs = [chunk_spec(cfg.bn, c) for c in range(nc)]
-        in_specs = [*a_specs, plgpu.BlockSpec((nc, cfg.bm), lambda k: (k, 0)),
-                    *b_specs, plgpu.BlockSpec((nc, cfg.bn), lambda k: (k, 0))]
+        in_specs = [*[chunk_spec(cfg.bm, c) for c in range(nc)], plgpu.BlockSpec((nc, cfg.bm), lambda k: (k, 0)),
+                    *[chunk_spec(cfg.bn, c) for c in range(nc)], plgpu.BlockSpec((nc, cfg.bn), lambda k: (k, 0))]
         a_rows, b_rows = a_gmem.at[pl.ds(m0, cfg.bm)], b_gmem.at[pl.ds(n0, cfg.bn)]
         a_sc, b_sc = as_gmem.at[:, pl.ds(m0, cfg.bm)], bs_gmem.at[:, pl.ds(n0, cfg.bn)]
         plgpu.emit_pipeline(body, grid=(kp // cfg.bk,), in_specs=in_specs, max_concurrent_steps=cfg.stages)(
             *[a_rows] * nc, a_sc, *[b_rows] * nc, b_sc)
         o_smem[...] = acc_ref[...]
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[pl.ds(m0, cfg.bm), pl.ds(n0, cfg.bn)])
+        plgpu.wait_smem_to_gmem(0)
 
-    t16 = (plgpu.TilingTransform((8, CHUNK)), plgpu.SwizzleTransform(2 * CHUNK))  # 32 bf16 per row: 64 bytes
-    pl.run_scoped(scope, plgpu.ACC((cfg.bm, cfg.bn), jnp.float32),
-                  plgpu.SMEM((nc, cfg.bn, CHUNK), jnp.bfloat16, transforms=t16))
+    pl.run_scoped(scope, plgpu.ACC((cfg.bm, cfg.bn), jnp.float32))
 
 
-def _mosaic_call(ac, asc, bc, bsc, cfg: MosaicConfig):
+def _interpret_params():
+    """Mosaic GPU's interpreter parameters: jax 0.10.2 has them only under ``jax._src`` (no public name yet)."""
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+    return InterpretGPUParams()
+
+
+def _mosaic_call(ac, asc, bc, bsc, cfg: MosaicConfig, interpret: bool = False):
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     (mp, kp), np_ = ac.shape, bc.shape[0]
-    return pl.pallas_call(
-        functools.partial(_kernel, cfg=cfg, kp=kp),
-        in_specs=[plgpu.BlockSpec(memory_space=plgpu.GMEM)] * 4,
-        out_specs=plgpu.BlockSpec((cfg.bm, cfg.bn), lambda i, j: (i, j)),
-        out_shape=jax.ShapeDtypeStruct((mp, np_), jnp.float32),
-        grid=(mp // cfg.bm, np_ // cfg.bn),
+    t16 = (plgpu.TilingTransform((8, CHUNK)), plgpu.SwizzleTransform(2 * CHUNK))  # 32 bf16 per row: 64 bytes
+    b16_chunk = (CHUNK, cfg.bn) if interpret else (cfg.bn, CHUNK)
+    return plgpu.kernel(
+        functools.partial(_kernel, cfg=cfg, kp=kp, interpret=bool(interpret)),
+        out_type=jax.ShapeDtypeStruct((mp, np_), jnp.float32),
+        scratch_types=[plgpu.SMEM((cfg.bm, cfg.bn), jnp.float32),  # the output tile
+                       plgpu.SMEM((cfg.bk // CHUNK, *b16_chunk), jnp.bfloat16, transforms=t16),  # B, dequantized
+                       *[plgpu.SMEM((cfg.bk // CHUNK, cfg.bm, CHUNK), jnp.bfloat16, transforms=t16)] * cfg.a_smem],
+        grid=(mp // cfg.bm, np_ // cfg.bn), grid_names=("m", "n"),
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
-        name="mx_gemm_mosaic",
+        interpret=_interpret_params() if interpret else None, kernel_name="mx_gemm_mosaic",
     )(ac, asc, bc, bsc)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "out_dtype"))
-def mosaic_gemm(a: MXOperand, b: MXOperand, config: MosaicConfig = MosaicConfig(), out_dtype: str = "float32"):
+@functools.partial(jax.jit, static_argnames=("config", "out_dtype", "interpret"))
+def mosaic_gemm(a: MXOperand, b: MXOperand, config: MosaicConfig = MosaicConfig(), out_dtype: str = "float32",
+                interpret: bool = False):
     """``values(a) @ values(b).T`` (M, N) in ``out_dtype`` by the Mosaic GPU kernel, float32 accumulation.
 
     Exact only where :func:`scales_exact` holds for both operands (module
     docstring); :func:`mosaic_mx_gemm` checks that and falls back. Compiles
-    on an NVIDIA Hopper GPU only.
+    on an NVIDIA Hopper GPU only; ``interpret=True`` runs it in Mosaic GPU's
+    interpreter on any backend (needs ``config.a_smem``; the interpreter's
+    ``wgmma`` takes no register operand and no transposed ref, so B's bf16
+    chunks are stored (32, bn) there).
     """
     check_mosaic_operands(a, b)
+    if interpret and not config.a_smem:
+        raise ValueError(f"interpret=True needs a config with a_smem=True (got {config}); valid: "
+                         "dataclasses.replace(config, a_smem=True)")
     inputs = padded_inputs(a, b, config)
     check_smem(config, inputs[0].shape[1] // config.bk)
-    out = _mosaic_call(*inputs, config)
+    out = _mosaic_call(*inputs, config, interpret)
     return out[: a.rows, : b.rows].astype(out_dtype)
 
 
