@@ -42,16 +42,22 @@ Layout constraints (checked before any work, :func:`check_mosaic_config`):
 multiple of 8 and <= 256, ``bk`` a multiple of 128. M, N and K are padded to
 whole tiles (zero codes, scale byte 127) and the result sliced back.
 
-Without a GPU the kernel lowers to MLIR for CUDA (:func:`lower_mosaic_gemm`,
-tested on the CPU) but cannot run: Mosaic GPU compiles to machine code only
-in the CUDA plugin, and Pallas' interpreter in jax 0.10.2 does not execute
-Mosaic GPU primitives (it stops at the TMA copy: ``NotImplementedError: No
-state discharge rule implemented for primitive: copy_gmem_to_smem``). The kernel's arithmetic per
-tile is mirrored in pure jnp by :func:`tile_reference` (tested on the CPU).
+Without a GPU the kernel lowers to MLIR for CUDA (:func:`lower_mosaic_gemm`:
+Mosaic GPU runs its own lowering, layout checks and shared-memory budget in
+Python at that point; machine code comes only from the CUDA plugin on a GPU)
+and runs in Mosaic GPU's interpreter (``interpret=True``; jax 0.10.2's plain
+Pallas interpreter stops at the TMA copy with ``NotImplementedError: No state
+discharge rule implemented for primitive: copy_gmem_to_smem``). The
+interpreter takes ``wgmma`` operands from shared memory only and no
+transposed ref, so the interpreted kernel stores A's dequantized chunks in
+shared memory (``a_smem=True``) and B's as ``(32, bn)``; the pipeline, the
+TMA indexing, the scales and the dequantization are the compiled kernel's.
+:func:`tile_reference` mirrors the arithmetic per tile in plain jnp.
 Written against jax 0.10.2's ``jax.experimental.pallas.mosaic_gpu``
-(``emit_pipeline``, ``wgmma``, ``transpose_ref``, ``load(layout=...)``,
-``Layout.WGMMA.reduce``, ``SwizzleTransform``/``TilingTransform``); untested
-and unmeasured on a GPU so far.
+(``kernel``, ``emit_pipeline``, ``wgmma``, ``transpose_ref``, ``layout_cast``,
+``Layout.WGMMA.reduce``, ``SwizzleTransform``/``TilingTransform``; the
+interpreter's parameters are private there, ``jax._src``, and may move in
+0.11). Untested and unmeasured on a GPU so far.
 """
 
 from __future__ import annotations
