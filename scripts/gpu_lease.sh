@@ -5,12 +5,12 @@
 #
 # The device tool returns at most 8 files from $OUT, no more than two folders down, so the exports the GPU
 # scripts write under $OUT/results/plan/STUDY/MEMBER/ would not come back as they are. This runs
-# scripts/gpu_session.sh (its first slot the kernel check, by $KERNELS: probe, the default, full, none or mosaic;
-# then the plan's GPU queue) with $OUT pointed at a staging folder, and packs that folder into
-# $OUT/gpu_out.tar.gz with the two logs (kernels.log, session.log) beside it; an archive over 15 MiB ($PART_BYTES) is split into pieces
-# gpu_out.tar.gz.part0, part1, ..., since no file over 16 MiB comes back. Unpack it in the repository
-# root (`tar xzf gpu_out.tar.gz`, or `cat gpu_out.tar.gz.part* | tar xz`): its paths are the repository's
-# (results/..., plus gpu_kernels.log, gemm_tuning.json and mosaic_gemm.json at its top).
+# scripts/gpu_session.sh (its first slot the kernel check, by $KERNELS: probe, the default, full, none or mosaic; then
+# the plan's GPU queue) with $OUT pointed at a staging folder, and packs that folder into $OUT/gpu_out.tar.gz with the
+# two logs (kernels.log, session.log) beside it; an archive over 15 MiB ($PART_BYTES) is split into pieces
+# gpu_out.tar.gz.part0, part1, ..., since no file over 16 MiB comes back. Unpack it in the repository root (`tar xzf
+# gpu_out.tar.gz`, or `cat gpu_out.tar.gz.part* | tar xz`): its paths are the repository's (results/..., plus
+# gpu_kernels.log, gemm_tuning.json and mosaic_gemm.json at its top).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 TOTAL="${1:-560}"

@@ -7,7 +7,11 @@ same tolerance. The compiled kernel is checked on a GPU by scripts/gpu_kernels.p
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -187,3 +191,33 @@ def test_interpreting_needs_a_through_shared_memory():
     a, b = _operands("fp8_e4m3", "fp8_e4m3", m=64, n=64, k=128)
     with pytest.raises(ValueError, match="interpret=True needs a config with a_smem=True"):
         mg.mosaic_gemm(a, b, mg.MosaicConfig(64, 64, 128, 1), interpret=True)
+
+
+# ----------------------------------------------------------------------------
+# the GPU slot on a CPU
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="on a GPU the script measures the kernel")
+def test_the_gpu_scripts_skip_the_mosaic_step_without_a_gpu_saying_why(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    alone = subprocess.run([sys.executable, "scripts/gpu_mosaic.py", "--out", str(tmp_path)], cwd=root, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    assert "# mosaic: skipped: jax backend is 'cpu'" in alone.stdout
+    kernels = subprocess.run([sys.executable, "scripts/gpu_kernels.py", "--out", str(tmp_path), "--skip", "probe",
+                              "tests", "bench", "autotune", "cpu_tests"], cwd=root, env=env, capture_output=True,
+                             text=True, timeout=300)
+    summary = kernels.stdout.strip().splitlines()[-1]
+    assert "## mosaic: skipped in" in kernels.stdout and "'mosaic'" in summary.split("skipped:")[1], kernels.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_kernels.log"]  # no mosaic_gemm.json
+
+
+def test_the_autotune_grid_fits_shared_memory_and_starts_with_the_default():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    import gpu_mosaic
+
+    grid = gpu_mosaic.tune_grid()
+    assert grid[0] == mg.MosaicConfig() and len(set(grid)) == len(grid) >= 8
+    assert all(mg.smem_bytes(c, 4096 // c.bk) <= mg.SMEM_LIMIT for c in grid)
+    assert {c.a_smem for c in grid} == {False, True} and {c.bn for c in grid} == {128, 256}
