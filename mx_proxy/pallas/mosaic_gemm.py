@@ -70,13 +70,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
-from mx_proxy.numerics.mx import block_scale as scale
 from mx_proxy.numerics.mx import element
+from mx_proxy.pallas.matmul import mx_gemm
 from mx_proxy.pallas.operand import CHUNK, ZERO_BLOCK_SCALE, MXOperand, round_up
 
 __all__ = ["MosaicConfig", "EXACT_SCALES", "MOSAIC_DTYPES", "check_mosaic_config", "check_mosaic_operands",
-           "padded_inputs", "scales_exact", "SMEM_LIMIT", "smem_bytes", "check_smem", "mosaic_gemm", "mosaic_mx_gemm", "lower_mosaic_gemm", "tile_reference",
-           "dequantize_chunk"]
+           "padded_inputs", "scales_exact", "SMEM_LIMIT", "smem_bytes", "check_smem", "mosaic_gemm", "mosaic_mx_gemm",
+           "lower_mosaic_gemm", "tile_reference", "dequantize_chunk"]
 
 MOSAIC_DTYPES = ("e4m3", "e5m2", "e2m1")  # GEMM dtypes (operand.GEMM_DTYPES) the kernel takes
 EXACT_SCALES = {"e4m3": (10, 245), "e5m2": (17, 239)}  # scale bytes with normal code * 2**e (module docstring)
@@ -317,8 +317,6 @@ def mosaic_mx_gemm(a: MXOperand, b: MXOperand, config: MosaicConfig = MosaicConf
     """:func:`mosaic_gemm` where every scale byte is in :data:`EXACT_SCALES`, else the exact Pallas Triton
     kernel (:func:`mx_proxy.pallas.matmul.mx_gemm` with ``fallback_config``), chosen on the device by
     ``lax.cond``. An explicit opt-in: ``backend="pallas"`` does not use it (unmeasured)."""
-    from mx_proxy.pallas.matmul import mx_gemm
-
     check_mosaic_operands(a, b)
     ok = scales_exact(a) & scales_exact(b)
     return jax.lax.cond(ok, lambda: mosaic_gemm(a, b, config, out_dtype),

@@ -57,7 +57,8 @@ def test_the_kernel_lowers_for_cuda_to_one_mosaic_gpu_call_with_wgmma(fmt):
 
 
 @pytest.mark.parametrize("cfg", [mg.MosaicConfig(64, 64, 128, 1), mg.MosaicConfig(256, 64, 128, 2),
-                                 mg.MosaicConfig(64, 256, 128, 2), mg.MosaicConfig(128, 64, 256, 2), mg.MosaicConfig(128, 64, 128, 3, a_smem=True)],
+                                 mg.MosaicConfig(64, 256, 128, 2), mg.MosaicConfig(128, 64, 256, 2),
+                                 mg.MosaicConfig(128, 64, 128, 3, a_smem=True)],
                          ids=lambda c: f"{c.bm}x{c.bn}x{c.bk}s{c.stages}{'-a_smem' if c.a_smem else ''}")
 def test_tile_configurations_lower_with_mixed_formats(cfg):
     a, b = _operands("fp8_e4m3", "fp8_e5m2", m=100, n=90, k=300)
