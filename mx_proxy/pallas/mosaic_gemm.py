@@ -38,8 +38,9 @@ register-side nibble decode is not written yet). MXINT8 (7-bit magnitudes,
 not E4M3 values) is refused; use :func:`mx_proxy.pallas.matmul.mx_gemm`.
 
 Layout constraints (checked before any work, :func:`check_mosaic_config`):
-``bm`` a multiple of 64 (one warpgroup ``wgmma`` is 64 rows), ``bn`` a
-multiple of 8 and <= 256, ``bk`` a multiple of 128. M, N and K are padded to
+``bm`` and ``bn`` multiples of 64 (one warpgroup ``wgmma`` is 64 rows; B's
+chunks are dequantized in that register layout too), ``bn`` <= 256 (the
+``wgmma`` N range), ``bk`` a multiple of 128 (:class:`MosaicConfig`). M, N and K are padded to
 whole tiles (zero codes, scale byte 127) and the result sliced back.
 
 Without a GPU the kernel lowers to MLIR for CUDA (:func:`lower_mosaic_gemm`:
@@ -89,8 +90,12 @@ class MosaicConfig:
 
     Attributes:
       bm: output rows per program (a multiple of 64: one ``wgmma`` is 64 rows per warpgroup).
-      bn: output columns per program (a multiple of 8, at most 256: the ``wgmma`` N range).
-      bk: K-elements per pipeline step (a multiple of 128: whole 32-element chunks, 128-byte swizzle rows).
+      bn: output columns per program: a multiple of 64 (B's chunks are dequantized in the 64-row ``wgmma``
+        register layout; lowering refuses 32 with "Tiling ... does not apply to shape (32, 32)") and at most
+        256 (the ``wgmma`` N range).
+      bk: K-elements per pipeline step: a multiple of 128 (whole 128-byte rows of FP8 codes per step, and
+        the step's scale tile ``(bk / 32) * rows`` bytes a multiple of the 128 threads that copy it; lowering
+        refuses bk = 32: "Only copies transferring a number of bytes divisible by the warpgroup size").
       stages: TMA pipeline depth (``max_concurrent_steps``, 1..8).
       a_smem: feed ``wgmma`` the dequantized A from shared memory (a bf16 scratch, like B) instead of from
         registers; costs ``2 bm bk`` bytes of shared memory and a round trip, and is the form the GPU
@@ -114,7 +119,7 @@ def _is_int(v) -> bool:
 def check_mosaic_config(cfg) -> None:
     """Raise ValueError naming the bad field and its valid choices (docstring of :class:`MosaicConfig`)."""
     rules = (("bm", lambda v: v >= 64 and v % 64 == 0, "a multiple of 64 (64, 128, 192, 256, ...)"),
-             ("bn", lambda v: 8 <= v <= 256 and v % 8 == 0, "a multiple of 8 in [8, 256] (64, 128, 256, ...)"),
+             ("bn", lambda v: 64 <= v <= 256 and v % 64 == 0, "64, 128, 192 or 256"),
              ("bk", lambda v: v >= 128 and v % 128 == 0, "a multiple of 128 (128, 256, ...)"),
               ("stages", lambda v: 1 <= v <= 8, "1..8"))
     for name, ok, valid in rules:

@@ -58,11 +58,19 @@ def test_the_kernel_lowers_for_cuda_to_one_mosaic_gpu_call_with_wgmma(fmt):
 
 @pytest.mark.parametrize("cfg", [mg.MosaicConfig(64, 64, 128, 1), mg.MosaicConfig(256, 64, 128, 2),
                                  mg.MosaicConfig(64, 256, 128, 2), mg.MosaicConfig(128, 64, 256, 2),
-                                 mg.MosaicConfig(128, 64, 128, 3, a_smem=True)],
+                                 mg.MosaicConfig(128, 64, 128, 3, a_smem=True), mg.MosaicConfig(64, 192, 128, 2)],
                          ids=lambda c: f"{c.bm}x{c.bn}x{c.bk}s{c.stages}{'-a_smem' if c.a_smem else ''}")
 def test_tile_configurations_lower_with_mixed_formats(cfg):
     a, b = _operands("fp8_e4m3", "fp8_e5m2", m=100, n=90, k=300)
     assert "wgmma" in mg.lower_mosaic_gemm(a, b, cfg)
+
+
+def test_the_checked_entry_point_lowers_to_the_mosaic_kernel_and_the_exact_triton_fallback():
+    a, b = _operands("fp8_e4m3", "fp8_e4m3", m=64, n=64, k=128)
+    text = jax.jit(mg.mosaic_mx_gemm).trace(a, b).lower(lowering_platforms=("cuda",)).as_text()
+    assert "stablehlo.case" in text  # lax.cond on the device: are all scale bytes in EXACT_SCALES?
+    calls = sorted(re.findall(r"stablehlo.custom_call @([\w$.]+)", text))
+    assert calls == ["__gpu$xla.gpu.triton", "mosaic_gpu_v2"], calls  # the Triton kernel beside the Mosaic GPU one
 
 
 # ----------------------------------------------------------------------------
@@ -70,7 +78,8 @@ def test_tile_configurations_lower_with_mixed_formats(cfg):
 
 
 @pytest.mark.parametrize("field, value, valid", [
-    ("bm", 96, "multiple of 64"), ("bm", 32, "multiple of 64"), ("bn", 512, "[8, 256]"), ("bn", 100, "[8, 256]"),
+    ("bm", 96, "multiple of 64"), ("bm", 32, "multiple of 64"), ("bn", 512, "64, 128, 192 or 256"),
+    ("bn", 32, "64, 128, 192 or 256"), ("bn", 100, "64, 128, 192 or 256"),
     ("bk", 64, "multiple of 128"), ("bk", 192, "multiple of 128"), ("stages", 0, "1..8"), ("bm", True, "multiple"),
 ])
 def test_bad_tiles_are_refused_naming_the_value_and_the_valid_choices(field, value, valid):
