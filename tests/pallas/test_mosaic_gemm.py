@@ -67,7 +67,12 @@ def test_tile_configurations_lower_with_mixed_formats(cfg):
 
 def test_the_checked_entry_point_lowers_to_the_mosaic_kernel_and_the_exact_triton_fallback():
     a, b = _operands("fp8_e4m3", "fp8_e4m3", m=64, n=64, k=128)
-    text = jax.jit(mg.mosaic_mx_gemm).trace(a, b).lower(lowering_platforms=("cuda",)).as_text()
+    try:
+        text = jax.jit(mg.mosaic_mx_gemm).trace(a, b).lower(lowering_platforms=("cuda",)).as_text()
+    except Exception as err:  # jaxlib >= 0.10.3 without its CUDA plugin cannot lower the Triton fallback
+        if "No supported GPU devices found" in str(err):
+            pytest.skip(f"the Triton fallback needs a GPU to lower with jax {jax.__version__}")
+        raise
     assert "stablehlo.case" in text  # lax.cond on the device: are all scale bytes in EXACT_SCALES?
     calls = sorted(re.findall(r"stablehlo.custom_call @([\w$.]+)", text))
     assert calls == ["__gpu$xla.gpu.triton", "mosaic_gpu_v2"], calls  # the Triton kernel beside the Mosaic GPU one
