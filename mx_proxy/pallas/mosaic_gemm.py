@@ -55,10 +55,12 @@ shared memory (``a_smem=True``) and B's as ``(32, bn)``; the pipeline, the
 TMA indexing, the scales and the dequantization are the compiled kernel's.
 :func:`tile_reference` mirrors the arithmetic per tile in plain jnp.
 Written against jax 0.10.2's ``jax.experimental.pallas.mosaic_gpu``
-(``kernel``, ``emit_pipeline``, ``wgmma``, ``transpose_ref``, ``layout_cast``,
-``Layout.WGMMA.reduce``, ``SwizzleTransform``/``TilingTransform``; the
-interpreter's parameters are private there, ``jax._src``, and may move in
-0.11). Untested and unmeasured on a GPU so far.
+(``kernel``, ``emit_pipeline``, ``wgmma``, ``layout_cast``,
+``Layout.WGMMA.reduce``, ``SwizzleTransform``/``TilingTransform``, and
+``ref.transpose``, which replaces ``plgpu.transpose_ref`` -- deprecated in
+0.11); it also lowers and runs interpreted with jax 0.11.2 (the GPU image's
+version, checked on a CPU). The interpreter's parameters are private in both
+(``jax._src...InterpretGPUParams``). Untested and unmeasured on a GPU so far.
 """
 
 from __future__ import annotations
@@ -247,7 +249,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, o_gmem, o_smem, b16_smem, *a16, cf
                 plgpu.commit_smem()
                 a = [a16[0].at[c] for c in range(nc)]
             for c in range(nc):
-                b16 = b16_smem.at[c] if interpret else plgpu.transpose_ref(b16_smem.at[c], (1, 0))
+                b16 = b16_smem.at[c] if interpret else b16_smem.at[c].transpose((1, 0))
                 plgpu.wgmma(acc_ref, a[c], b16)
             plgpu.wgmma_wait(0)
 

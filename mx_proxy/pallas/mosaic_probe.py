@@ -42,7 +42,7 @@ def _kernel(a_gmem, b_gmem, o_gmem, o_smem):
 
     def body(_, a_smem, b_smem):
         def scope(acc_ref):
-            plgpu.wgmma(acc_ref, a_smem, plgpu.transpose_ref(b_smem, (1, 0)))
+            plgpu.wgmma(acc_ref, a_smem, b_smem.transpose((1, 0)))
             plgpu.wgmma_wait(0)
             return acc_ref[...]
 
