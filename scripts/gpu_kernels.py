@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python scripts/gpu_kernels.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for gpu_kernels.log and gemm_tuning.json")
     p.add_argument("--budget-s", type=float, default=290.0, help="no step starts after this many seconds")
-    p.add_argument("--mosaic-s", type=float, default=150.0, help="at most this many seconds for step mosaic")
+    p.add_argument("--mosaic-s", type=float, default=240.0, help="at most this many seconds for step mosaic")
     p.add_argument("--skip", nargs="*", default=[],
                    choices=["probe", "mosaic", "tests", "bench", "autotune", "cpu_tests"])
     args = p.parse_args(argv)
