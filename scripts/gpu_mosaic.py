@@ -150,7 +150,7 @@ def _err_over_bound(out, va, vb):
 
 def _values(op: MXOperand):
     """float32 (R, K) values of an operand on the device (codes * 2**(s - 127); exact in EXACT_SCALES)."""
-    codes, sc, _, _ = mg.padded_inputs(op, op, mg.MosaicConfig(64, 8, 128, 1))
+    codes, sc, _, _ = mg.padded_inputs(op, op, mg.MosaicConfig(64, 64, 128, 1))
     f = jax.lax.bitcast_convert_type(jnp.repeat(sc.T.astype(jnp.int32), 32, axis=1) << 23, jnp.float32)
     return (codes.astype(jnp.float32) * f)[: op.rows, : op.k]
 
@@ -189,7 +189,8 @@ def timings(deadline: float, cfg: mg.MosaicConfig, iters: int) -> list[dict]:
     return rows
 
 
-def _write(path: str, doc: dict) -> None:
+def write_json(path: str, doc: dict) -> None:
+    """Write ``doc`` to ``path`` atomically (a temporary file in the same folder, then a rename)."""
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         json.dump(doc, f, indent=1)
@@ -207,13 +208,13 @@ def run(out_dir: str, budget_s: float, iters: int = 5) -> bool | None:
     path = os.path.join(out_dir, "mosaic_gemm.json")
     doc = {"device": jax.devices()[0].device_kind, "jax": jax.__version__}
     doc["exactness"] = exactness(start + 0.25 * budget_s)
-    _write(path, doc)
+    write_json(path, doc)
     doc["autotune"] = autotune(start + 0.55 * budget_s, iters)
-    _write(path, doc)
+    write_json(path, doc)
     best = next((r["config"] for r in doc["autotune"] if "seconds" in r), None)
     cfg = mg.MosaicConfig(**best) if best else mg.MosaicConfig()
     doc["timings"] = timings(start + budget_s, cfg, iters)
-    _write(path, doc)
+    write_json(path, doc)
     print(f"# wrote {path}")
     return bool(doc["exactness"]) and all(r["ok"] for r in doc["exactness"])
 

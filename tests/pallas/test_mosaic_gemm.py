@@ -7,10 +7,12 @@ same tolerance. The compiled kernel is checked on a GPU by scripts/gpu_kernels.p
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -236,3 +238,27 @@ def test_the_autotune_grid_fits_shared_memory_and_starts_with_the_default():
     assert grid[0] == mg.MosaicConfig() and len(set(grid)) == len(grid) >= 8
     assert all(mg.smem_bytes(c, 4096 // c.bk) <= mg.SMEM_LIMIT for c in grid)
     assert {c.a_smem for c in grid} == {False, True} and {c.bn for c in grid} == {128, 256}
+
+
+def test_the_gpu_script_phases_run_on_the_cpu_with_the_interpreted_kernel(monkeypatch, tmp_path):
+    """scripts/gpu_mosaic.py's exactness and timing phases, with the compiled kernel swapped for the interpreted
+    one at small sizes: what the GPU run will write, minus the speed."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    import gpu_mosaic
+
+    compiled = mg.mosaic_gemm
+    small = mg.MosaicConfig(64, 64, 128, 2, a_smem=True)
+    monkeypatch.setattr(mg, "mosaic_gemm", lambda a, b, config=None, out_dtype="float32":
+                        compiled(a, b, small, out_dtype, interpret=True))
+    monkeypatch.setattr(gpu_mosaic, "EXACT_CASES", ((("fp4_e2m1", "fp8_e5m2"), (70, 72, 200)),))
+    monkeypatch.setattr(gpu_mosaic, "TIMED", ((128, "fp8_e4m3"),))
+    far = time.perf_counter() + 600
+    exact = gpu_mosaic.exactness(far)
+    assert exact[0]["ok"] and exact[0]["err_over_bound"] <= 1.0, exact
+    assert exact[-1]["route"] == "fallback" and not exact[-1]["ok"]  # the Triton fallback is compiled: GPU only
+    rows = gpu_mosaic.timings(far, small, iters=1)
+    assert rows[0]["err_over_bound"] <= 1.0 and {"bf16_dot_s", "mosaic_s", "triton_s", "scaled_dot_s"} <= set(rows[0])
+    path = tmp_path / "mosaic_gemm.json"
+    gpu_mosaic.write_json(str(path), {"exactness": exact, "timings": rows})
+    assert json.loads(path.read_text())["timings"][0]["speed_vs_bf16_dot"] > 0
+    assert [p.name for p in tmp_path.iterdir()] == ["mosaic_gemm.json"]  # written atomically: no temporary left
