@@ -214,6 +214,7 @@ def test_interpreting_needs_a_through_shared_memory():
 # the GPU slot on a CPU
 
 
+@pytest.mark.e2e  # the real scripts, in subprocesses
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="on a GPU the script measures the kernel")
 def test_the_gpu_scripts_skip_the_mosaic_step_without_a_gpu_saying_why(tmp_path):
     root = Path(__file__).resolve().parents[2]
@@ -240,8 +241,9 @@ def test_the_autotune_grid_fits_shared_memory_and_starts_with_the_default():
     assert {c.a_smem for c in grid} == {False, True} and {c.bn for c in grid} == {128, 256}
 
 
+@pytest.mark.e2e  # the real script's phases, about a minute of interpreted kernels
 def test_the_gpu_script_phases_run_on_the_cpu_with_the_interpreted_kernel(monkeypatch, tmp_path):
-    """scripts/gpu_mosaic.py's exactness and timing phases, with the compiled kernel swapped for the interpreted
+    """scripts/gpu_mosaic.py's three phases, with the compiled kernel swapped for the interpreted
     one at small sizes: what the GPU run will write, minus the speed."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
     import gpu_mosaic
@@ -256,9 +258,12 @@ def test_the_gpu_script_phases_run_on_the_cpu_with_the_interpreted_kernel(monkey
     exact = gpu_mosaic.exactness(far)
     assert exact[0]["ok"] and exact[0]["err_over_bound"] <= 1.0, exact
     assert exact[-1]["route"] == "fallback" and not exact[-1]["ok"]  # the Triton fallback is compiled: GPU only
+    monkeypatch.setattr(gpu_mosaic, "tune_grid", lambda: [mg.MosaicConfig(), small])
+    tuned = gpu_mosaic.autotune(far, iters=1, n=128)
+    assert len(tuned) == 2 and tuned[0]["seconds"] <= tuned[1]["seconds"] and tuned[0]["tflops"] >= 0
     rows = gpu_mosaic.timings(far, small, iters=1)
     assert rows[0]["err_over_bound"] <= 1.0 and {"bf16_dot_s", "mosaic_s", "triton_s", "scaled_dot_s"} <= set(rows[0])
     path = tmp_path / "mosaic_gemm.json"
-    gpu_mosaic.write_json(str(path), {"exactness": exact, "timings": rows})
+    gpu_mosaic.write_json(str(path), {"exactness": exact, "autotune": tuned, "timings": rows})
     assert json.loads(path.read_text())["timings"][0]["speed_vs_bf16_dot"] > 0
     assert [p.name for p in tmp_path.iterdir()] == ["mosaic_gemm.json"]  # written atomically: no temporary left
