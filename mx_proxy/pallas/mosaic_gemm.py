@@ -31,6 +31,13 @@ powers of two) whenever any scale byte of either operand is outside it. The
 bf16 products are exact; the float32 accumulation order differs from the
 reference, hence ``accumulation_tolerance`` (:mod:`mx_proxy.pallas.tolerance`).
 
+Registers: with A from registers, a step holds A's ``bk / 32`` dequantized
+chunks (``2 bm bk / 128`` bytes per thread) beside the float32 accumulator
+(``4 bm bn / 128``) until its ``wgmma`` s are issued; at bm = bn = bk = 128
+that is 192 of the 255 registers a thread may have, so spills are possible
+and only the card can say (the autotuner also tries ``bm = 64`` and
+``a_smem=True``).
+
 Element formats: E4M3 and E5M2 codes as stored; FP6 operands are stored as
 E4M3 codes already; FP4 (E2M1, packed two per byte) is expanded to E4M3 codes
 by XLA before the kernel (one extra pass over the codes: the kernel's
@@ -83,7 +90,6 @@ __all__ = ["MosaicConfig", "EXACT_SCALES", "MOSAIC_DTYPES", "check_mosaic_config
 
 MOSAIC_DTYPES = ("e4m3", "e5m2", "e2m1")  # GEMM dtypes (operand.GEMM_DTYPES) the kernel takes
 EXACT_SCALES = {"e4m3": (10, 245), "e5m2": (17, 239)}  # scale bytes with normal code * 2**e (module docstring)
-_CODES = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,9 +101,11 @@ class MosaicConfig:
       bn: output columns per program: a multiple of 64 (B's chunks are dequantized in the 64-row ``wgmma``
         register layout; lowering refuses 32 with "Tiling ... does not apply to shape (32, 32)") and at most
         256 (the ``wgmma`` N range).
-      bk: K-elements per pipeline step: a multiple of 128 (whole 128-byte rows of FP8 codes per step, and
-        the step's scale tile ``(bk / 32) * rows`` bytes a multiple of the 128 threads that copy it; lowering
-        refuses bk = 32: "Only copies transferring a number of bytes divisible by the warpgroup size").
+      bk: K-elements per pipeline step: a multiple of 128, the FP8 ``wgmma`` tile with a 128-byte swizzle
+        (issue 61), kept so that an FP8-``wgmma`` variant can share these tiles. This kernel's own limit is
+        lower: its step's scale tile, ``(bk / 32) * rows`` bytes, must be a multiple of the 128 threads that
+        copy it, so bk = 64 lowers and bk = 32 does not ("Only copies transferring a number of bytes
+        divisible by the warpgroup size").
       stages: TMA pipeline depth (``max_concurrent_steps``, 1..8).
       a_smem: feed ``wgmma`` the dequantized A from shared memory (a bf16 scratch, like B) instead of from
         registers; costs ``2 bm bk`` bytes of shared memory and a round trip, and is the form the GPU
@@ -123,7 +131,7 @@ def check_mosaic_config(cfg) -> None:
     rules = (("bm", lambda v: v >= 64 and v % 64 == 0, "a multiple of 64 (64, 128, 192, 256, ...)"),
              ("bn", lambda v: 64 <= v <= 256 and v % 64 == 0, "64, 128, 192 or 256"),
              ("bk", lambda v: v >= 128 and v % 128 == 0, "a multiple of 128 (128, 256, ...)"),
-              ("stages", lambda v: 1 <= v <= 8, "1..8"))
+             ("stages", lambda v: 1 <= v <= 8, "1..8"))
     for name, ok, valid in rules:
         v = getattr(cfg, name)
         if not (_is_int(v) and ok(v)):
