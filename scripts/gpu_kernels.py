@@ -11,6 +11,10 @@ a step that would start after ``--budget-s`` is skipped and said so:
 1. **Mosaic GPU probe** (first: Mosaic GPU kernels cannot be compiled without
    a GPU): compile and run one E4M3 ``wgmma`` (:mod:`mx_proxy.pallas.mosaic_probe`).
 2. **Environment**: jax, device, the Pallas backend chosen for this jax.
+   **Mosaic GEMM** (step ``mosaic``, at most ``--mosaic-s`` seconds): the Mosaic GPU MX GEMM
+   (:mod:`mx_proxy.pallas.mosaic_gemm`) compiled, checked against the reference, autotuned and timed against
+   bf16 ``jnp.dot``, ``lax.scaled_dot`` and the Pallas Triton kernel (``scripts/gpu_mosaic.py``; results in
+   ``OUT/mosaic_gemm.json``). Without a GPU it is skipped, saying why.
 3. **GPU tests**: ``pytest tests/pallas/test_kernels_gpu.py`` (compiled kernels vs
    the reference, all default configurations, extreme scales).
 4. **Benchmark**: ``mx-proxy bench kernels`` (4096^3 and 8192^3, E4M3 and E2M1,
@@ -50,6 +54,9 @@ from mx_proxy.numerics.quantize import MXSpec  # noqa: E402
 from mx_proxy.pallas import backend, mosaic_probe, tuning  # noqa: E402
 from mx_proxy.pallas import matmul as mm  # noqa: E402
 from mx_proxy.pallas.operand import quantize_operand  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import gpu_mosaic  # noqa: E402
 
 
 class _Tee(io.TextIOBase):
@@ -111,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python scripts/gpu_kernels.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for gpu_kernels.log and gemm_tuning.json")
     p.add_argument("--budget-s", type=float, default=290.0, help="no step starts after this many seconds")
-    p.add_argument("--skip", nargs="*", default=[], choices=["probe", "tests", "bench", "autotune", "cpu_tests"])
+    p.add_argument("--mosaic-s", type=float, default=240.0, help="at most this many seconds for step mosaic")
+    p.add_argument("--skip", nargs="*", default=[],
+                   choices=["probe", "mosaic", "tests", "bench", "autotune", "cpu_tests"])
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     start = time.perf_counter()
@@ -131,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as err:  # noqa: BLE001 - a broken step is reported, the others still run
                 ok = False
                 print(f"{type(err).__name__}: {err}")
+            if ok is None:  # the step said why it cannot run here
+                skipped.append(name)
+                print(f"## {name}: skipped in {time.perf_counter() - t0:.0f} s", flush=True)
+                return
             print(f"## {name}: {'ok' if ok else 'FAILED'} in {time.perf_counter() - t0:.0f} s", flush=True)
             if not ok:
                 failed.append(name)
@@ -150,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
 
         step("probe", probe)
         step("environment", environment)
+        def mosaic():
+            return gpu_mosaic.run(args.out, min(args.mosaic_s, args.budget_s - (time.perf_counter() - start) - 10))
+
+        step("mosaic", mosaic, reserve_s=40)
         step("tests", lambda: _pytest(["tests/pallas/test_kernels_gpu.py"],
                                       args.budget_s - (time.perf_counter() - start)))
         step("bench", bench, reserve_s=30)

@@ -5,12 +5,12 @@
 #
 # The device tool returns at most 8 files from $OUT, no more than two folders down, so the exports the GPU
 # scripts write under $OUT/results/plan/STUDY/MEMBER/ would not come back as they are. This runs
-# scripts/gpu_session.sh (its first slot the kernel check, by $KERNELS: probe, the default, full or none; then the
-# plan's GPU queue) with $OUT pointed at a staging folder, and packs that folder into $OUT/gpu_out.tar.gz with the two
-# logs (kernels.log, session.log) beside it; an archive over 15 MiB ($PART_BYTES) is split into pieces
-# gpu_out.tar.gz.part0, part1, ..., since no file over 16 MiB comes back. Unpack it in the repository
-# root (`tar xzf gpu_out.tar.gz`, or `cat gpu_out.tar.gz.part* | tar xz`): its paths are the repository's
-# (results/..., plus gpu_kernels.log and gemm_tuning.json at its top).
+# scripts/gpu_session.sh (its first slot the kernel check, by $KERNELS: probe, the default, full, none or mosaic; then
+# the plan's GPU queue) with $OUT pointed at a staging folder, and packs that folder into $OUT/gpu_out.tar.gz with the
+# two logs (kernels.log, session.log) beside it; an archive over 15 MiB ($PART_BYTES) is split into pieces
+# gpu_out.tar.gz.part0, part1, ..., since no file over 16 MiB comes back. Unpack it in the repository root (`tar xzf
+# gpu_out.tar.gz`, or `cat gpu_out.tar.gz.part* | tar xz`): its paths are the repository's (results/..., plus
+# gpu_kernels.log, gemm_tuning.json and mosaic_gemm.json at its top).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 TOTAL="${1:-560}"
@@ -21,8 +21,8 @@ PART_BYTES="${PART_BYTES:-15728640}"  # 15 MiB: the device tool returns files of
 export OUT="$STAGE" PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + TOTAL ))
 case "${KERNELS:-probe}" in
-  probe|full|none) ;;
-  *) echo "gpu lease: KERNELS='$KERNELS'; valid: probe (default), full, none" >&2; exit 2 ;;
+  probe|full|none|mosaic) ;;
+  *) echo "gpu lease: KERNELS='$KERNELS'; valid: probe (default), full, none, mosaic" >&2; exit 2 ;;
 esac
 LEFT=$(( END - $(date +%s) - 5 ))  # packing takes seconds; the device command's own limit gives more
 KERNELS_LOG="$RETURN/kernels.log" bash scripts/gpu_session.sh "$LEFT" 2>&1 | tee "$RETURN/session.log"

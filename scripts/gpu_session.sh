@@ -3,9 +3,11 @@
 #
 #   scripts/gpu_session.sh [SECONDS]          # OUT: where what it finished goes (the device tool's $OUT)
 #
-# 1. A fixed first slot, the kernel check (scripts/gpu_kernels.py), capped at a quarter of SECONDS and at most
-#    5 minutes (`timeout`): KERNELS=probe (default: its Mosaic GPU probe and the environment), full (the kernels'
-#    tests and bench too) or none (its time goes to the queue); its log in $KERNELS_LOG (default $OUT/kernels.log).
+# 1. A fixed first slot, the kernel check (scripts/gpu_kernels.py), capped at a quarter of SECONDS (half with
+#    KERNELS=mosaic) and at most 5 minutes (`timeout`): KERNELS=probe (default: its Mosaic GPU probe and the
+#    environment), mosaic (the probe, the environment and the Mosaic GPU MX GEMM: checked, autotuned and timed,
+#    scripts/gpu_mosaic.py, results in $OUT/mosaic_gemm.json), full (the Triton kernels' tests and bench too, no
+#    Mosaic GEMM) or none (its time goes to the queue); its log in $KERNELS_LOG (default $OUT/kernels.log).
 # 2. Optionally (BENCH=members; default BENCH=none) `mx-proxy bench members` at the paper's width, capped at half the
 #    time left and 5 minutes, its log in $BENCH_LOG (default $OUT/bench_members.log; each row is printed as it is
 #    measured, so a capped run keeps its rows) and a jax.profiler trace in $OUT/profile; $BENCH_OPTIONS replaces its
@@ -25,13 +27,14 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:?scripts/gpu_session.sh needs OUT, the folder what it finishes goes to}"
 TOTAL="${1:-520}"
 END=$(( $(date +%s) + TOTAL ))
-SKIP="tests bench autotune cpu_tests"
+SKIP="mosaic tests bench autotune cpu_tests"
 KERNEL_S=$(( TOTAL / 4 < 300 ? TOTAL / 4 : 300 ))
 case "${KERNELS:-probe}" in
   probe) ;;
-  full) SKIP="autotune cpu_tests" ;;
+  mosaic) SKIP="tests bench autotune cpu_tests"; KERNEL_S=$(( TOTAL / 2 < 300 ? TOTAL / 2 : 300 )) ;;
+  full) SKIP="mosaic autotune cpu_tests" ;;
   none) KERNEL_S=0 ;;
-  *) echo "gpu session: KERNELS='$KERNELS'; valid: probe (default), full, none" >&2; exit 2 ;;
+  *) echo "gpu session: KERNELS='$KERNELS'; valid: probe (default), full, none, mosaic" >&2; exit 2 ;;
 esac
 case "${BENCH:-none}" in
   none|members) ;;

@@ -7,8 +7,19 @@ without one they can be lowered to MLIR (:func:`lower_probe`, tested on CPU)
 and no further. This probe is the smallest kernel a Mosaic GPU port of the MX
 GEMM would stand on: one ``wgmma`` of a (64, 128) E4M3 tile by a K-major
 (64, 128) E4M3 tile into a float32 accumulator, with the 128-byte swizzle
-TMA layout. On small integers the product is exact, so :func:`run_probe`
-compares for equality.
+TMA layout (the operands come in by one ``emit_pipeline`` step). On small
+integers the product is exact, so :func:`run_probe` compares for equality.
+
+The bare ``AssertionError`` the probe raised on an H200 with jax 0.11.2
+(2026-12-04) came from writing it with ``pl.pallas_call`` and Mosaic GPU
+``CompilerParams``: that form is deprecated in jax 0.10.2 (a
+``DeprecationWarning``) and gone in 0.11, where no ``pallas_call`` lowering
+rule is registered for Mosaic GPU's ``CompilerParams``, so
+``jax/_src/pallas/pallas_call.py`` stops at ``assert rule is not None``
+before any Mosaic GPU code runs -- reproduced on a CPU with jax 0.11.2 by
+:func:`lower_probe`. The probe is now a ``plgpu.kernel``, which lowers on
+the CPU with jax 0.10.2 and 0.11.2 alike; whether FP8 ``wgmma`` then
+compiles and runs on the card is still to be seen.
 """
 
 from __future__ import annotations
@@ -26,30 +37,36 @@ __all__ = ["M", "N", "K", "probe", "lower_probe", "run_probe"]
 M, N, K = 64, 64, 128
 
 
-def _kernel(a_ref, b_ref, o_ref):
+def _kernel(a_gmem, b_gmem, o_gmem, o_smem):
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    def scope(acc_ref):
-        plgpu.wgmma(acc_ref, a_ref, plgpu.transpose_ref(b_ref, (1, 0)))
-        return acc_ref[...]
+    def body(_, a_smem, b_smem):
+        def scope(acc_ref):
+            plgpu.wgmma(acc_ref, a_smem, b_smem.transpose((1, 0)))
+            plgpu.wgmma_wait(0)
+            return acc_ref[...]
 
-    o_ref[...] = pl.run_scoped(scope, plgpu.ACC((M, N), jnp.float32))
+        o_smem[...] = pl.run_scoped(scope, plgpu.ACC((M, N), jnp.float32))
+
+    transforms = (plgpu.TilingTransform((8, 128)), plgpu.SwizzleTransform(128))  # 128 one-byte elements per row
+    specs = [plgpu.BlockSpec((M, K), lambda i: (0, 0), transforms=transforms),
+             plgpu.BlockSpec((N, K), lambda i: (0, 0), transforms=transforms)]
+    plgpu.emit_pipeline(body, grid=(1,), in_specs=specs)(a_gmem, b_gmem)  # one TMA step per operand
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_smem, o_gmem)
+    plgpu.wait_smem_to_gmem(0)
 
 
 def probe(a, b):
     """``a (M, K) @ b (N, K).T`` of float8_e4m3fn tiles by one Mosaic GPU wgmma (float32)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    transforms = (plgpu.TilingTransform((8, 128)), plgpu.SwizzleTransform(128))  # 128 one-byte elements per row
-    return pl.pallas_call(
+    return plgpu.kernel(
         _kernel,
-        in_specs=[plgpu.BlockSpec((M, K), lambda i, j: (i, j), transforms=transforms),
-                  plgpu.BlockSpec((N, K), lambda i, j: (i, j), transforms=transforms)],
-        out_specs=plgpu.BlockSpec((M, N), lambda i, j: (i, j)),
-        out_shape=jax.ShapeDtypeStruct((M, N), jnp.float32),
-        grid=(1, 1),
+        out_type=jax.ShapeDtypeStruct((M, N), jnp.float32),
+        scratch_types=[plgpu.SMEM((M, N), jnp.float32)],
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
-        name="mosaic_fp8_wgmma_probe",
+        kernel_name="mosaic_fp8_wgmma_probe",
     )(a, b)
 
 
