@@ -3,7 +3,7 @@
 nGPT keeps every hidden state and every weight vector along the embedding
 dimension on the unit sphere, and replaces the residual add by a learned step
 towards the block's (normalized) output. Adapted to the proxy's residual MLP
-(d = ``width``, h = :func:`mx_proxy.nn.blocks.hidden_width`, f = h, or 2h for
+(d = ``spec.width``, h = :attr:`~mx_proxy.nn.model_spec.ModelSpec.hidden`, f = h, or 2h for
 SwiGLU; ``Norm(z) = z / ‖z‖₂`` over the last axis)::
 
     h₀     = Norm(x)                                   x: (B, d) ~ N(0, I)
