@@ -140,7 +140,7 @@ def test_layer_norm_equals_the_authors_layernorm(case):
     cert = exactness.certify(f, x, gain, bias, g)
     y, dx, dgain, dbias = jax.jit(f)(x, gain, bias, g)
     assert not bool(d[f"{case}/has_dbias"]) and np.all(np.asarray(dbias) == 0)
-    _, rest, bwd = layers._ln_precisions(r)
+    _, rest, bwd = layers.ln_precisions(r)
     for i, (name, got) in enumerate((("y", y), ("dx", dx), ("dgain", dgain))):
         exactness.check(got, d[f"{case}/{name}"], cert[i], f"{case}: {name}",
                         bf16=(rest if name == "y" else bwd) == "bf16", unknown_atol=UNBOUNDED_ATOL)
