@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import flax.linen as nn
 
+from mx_proxy.nn.model_spec import ModelSpec
 from mx_proxy.nn.ngpt import NGPTStudent, normalize_weights
 from mx_proxy.nn.resmlp import Student
 
@@ -13,19 +14,18 @@ __all__ = ["ARCHS", "student", "weight_projection"]
 ARCHS = ("resmlp", "ngpt")
 
 
-def student(arch: str = "resmlp", **kw) -> nn.Module:
-    """The student module of an architecture: ``resmlp`` (:class:`~mx_proxy.nn.resmlp.Student`,
-    the paper's proxy) or ``ngpt`` (:class:`~mx_proxy.nn.ngpt.NGPTStudent`; no
-    LayerNorm, so ``norm`` does not apply to it).
+def student(arch: str, spec: ModelSpec) -> nn.Module:
+    """The student module of an architecture, built from ``spec`` (handed to it whole): ``resmlp``
+    (:class:`~mx_proxy.nn.resmlp.Student`, the paper's proxy) or ``ngpt``
+    (:class:`~mx_proxy.nn.ngpt.NGPTStudent`; no LayerNorm, so ``spec.norm`` does not apply to it).
 
     Raises:
       ValueError: an unknown ``arch`` (naming the valid ones).
     """
     if arch == "resmlp":
-        return Student(**kw)
+        return Student(spec)
     if arch == "ngpt":
-        kw.pop("norm", None)
-        return NGPTStudent(**kw)
+        return NGPTStudent(spec)
     raise ValueError(f"unknown arch {arch!r}; valid: {', '.join(ARCHS)}")
 
 

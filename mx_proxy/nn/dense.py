@@ -21,18 +21,19 @@ import jax
 import jax.numpy as jnp
 
 from mx_proxy.nn.copies import transposed_copy
-from mx_proxy.nn.rounding import _round_grad, vround
+from mx_proxy.nn.rounding import round_grad, vround
 from mx_proxy.numerics.operands import OPERANDS
 from mx_proxy.numerics.quantize import MXSpec, quantize
 from mx_proxy.numerics.recipe import Recipe
 from mx_proxy.pallas.matmul import mx_dot
 
-__all__ = ["mx_dense", "quantized_matmul", "operand_key", "switch", "wgrad_transposed", "OPERANDS"]
+__all__ = ["mx_dense", "quantized_matmul", "quantize_operand", "operand_key", "switch", "wgrad_transposed",
+           "bf16_exact", "OPERANDS"]
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def _q(x, spec: MXSpec | None, axis: int, vector: str, key=None, rounding: str = "even"):
+def quantize_operand(x, spec: MXSpec | None, axis: int, vector: str, key=None, rounding: str = "even"):
     """A GEMM operand: MX-quantized along ``axis``, or in vector precision.
     A bf16-rounded operand enters the quantizer as bfloat16 (exact), which
     rounds it on 16-bit words (:func:`~mx_proxy.numerics.quantize.quantize`)."""
@@ -80,7 +81,7 @@ def quantized_matmul(a, b, a_spec: MXSpec | None, b_spec: MXSpec | None, vector:
     ``a_key``/``b_key``: PRNG keys of operands that round stochastically.
 
     ``dot`` (:attr:`Recipe.dot`) picks how a GEMM whose two operands hold only
-    bfloat16 values (:func:`_bf16_exact`) is computed on the CPU: ``"f32"``,
+    bfloat16 values (:func:`bf16_exact`) is computed on the CPU: ``"f32"``,
     a float32 dot; ``"bf16"``, a bfloat16 × bfloat16 → float32 dot, which
     XLA's YNNPACK runs on the AVX512-BF16/AMX units (with the contracted axis
     of a transposed operand made minor first, so all three GEMMs get the fast
@@ -101,7 +102,8 @@ def _gemm(a, b, a_spec, b_spec, vector, backend, a_axis, b_axis, a_key, b_key, r
                      a_contract_axis=-1 if a_axis == 1 else 0, b_contract_axis=b_axis)
     else:
         dims = (((a_axis,), (b_axis,)), ((), ()))
-        qa, qb = _q(a, a_spec, a_axis, vector, a_key, rounding), _q(b, b_spec, b_axis, vector, b_key, rounding)
+        qa = quantize_operand(a, a_spec, a_axis, vector, a_key, rounding)
+        qb = quantize_operand(b, b_spec, b_axis, vector, b_key, rounding)
 
         def f32_dot(qa, qb):  # a real float32 GEMM (on NVIDIA GPUs the default precision would be TF32)
             return jax.lax.dot_general(qa, qb, dims, precision=_HIGHEST)
@@ -126,7 +128,7 @@ def _gemm(a, b, a_spec, b_spec, vector, backend, a_axis, b_axis, a_key, b_key, r
                 return jax.lax.dot_general(qa, qb, (((1,), (b_axis,)), ((), ())), preferred_element_type=jnp.float32)
             return jax.lax.dot_general(qa, qb, dims, preferred_element_type=jnp.float32)
 
-        if _bf16_exact(a_spec, vector) and _bf16_exact(b_spec, vector):
+        if bf16_exact(a_spec, vector) and bf16_exact(b_spec, vector):
             cpu = cpu_bf16_dot if dot == "bf16" else f32_dot
             out = jax.lax.platform_dependent(qa, qb, cuda=bf16_dot, rocm=bf16_dot, default=cpu)
         else:
@@ -142,7 +144,7 @@ def wgrad_transposed(k: int, m: int, n: int) -> bool:
     return n * (k + 2 * m) < k * m
 
 
-def _bf16_exact(spec: MXSpec | None, vector: str) -> bool:
+def bf16_exact(spec: MXSpec | None, vector: str) -> bool:
     """Whether a GEMM operand holds only bfloat16 values: an MX element (≤ 8
     significant bits) times a power-of-two E8M0 scale, or a value rounded to
     bf16 vector precision. (Products below 2**-126, bf16 subnormals, are the
@@ -178,9 +180,9 @@ def _dense2d_bwd(recipe, res, g):
     dx = quantized_matmul(g, w, r.dgrad_g, r.dgrad_w, v, r.backend, a_axis=1, b_axis=1,  # over out-features
                    rounding=rnd, dot=r.dot,
                    a_key=operand_key(key, r, "dgrad_g"), b_key=operand_key(key, r, "dgrad_w"))
-    dw = _round_grad(_gemm(x, g, r.wgrad_x, r.wgrad_g, v, r.backend, 0, 0,  # over the batch
+    dw = round_grad(_gemm(x, g, r.wgrad_x, r.wgrad_g, v, r.backend, 0, 0,  # over the batch
                            operand_key(key, r, "wgrad_x"), operand_key(key, r, "wgrad_g"), rnd, r.dot), v, rnd)
-    db = None if b is None else _round_grad(jnp.sum(g, axis=0), v, rnd)
+    db = None if b is None else round_grad(jnp.sum(g, axis=0), v, rnd)
     return dx, dw, db, None
 
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from mx_proxy.nn.activations import ACTIVATIONS
 from mx_proxy.nn.activations import apply as activation
-from mx_proxy.nn.dense import _bf16_exact, _dense2d, _q, mx_dense, operand_key, quantized_matmul, switch
-from mx_proxy.nn.norms import _ln_precisions, quantize_affine
+from mx_proxy.nn.dense import bf16_exact, mx_dense, operand_key, quantize_operand, quantized_matmul, switch
+from mx_proxy.nn.norms import ln_precisions, quantize_affine
 from mx_proxy.nn.norms.layernorm import layer_norm
 from mx_proxy.nn.norms.rmsnorm import rms_norm
 from mx_proxy.nn.rounding import bf16_round, vround
@@ -30,4 +30,4 @@ from mx_proxy.numerics.operands import OPERANDS
 
 __all__ = ["mx_dense", "quantized_matmul", "layer_norm", "rms_norm", "activation", "ACTIVATIONS", "vround",
            "bf16_round", "quantize_affine", "OPERANDS", "operand_key", "switch",
-           "_q", "_dense2d", "_bf16_exact", "_ln_precisions"]
+           "quantize_operand", "bf16_exact", "ln_precisions"]

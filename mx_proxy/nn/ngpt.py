@@ -3,7 +3,7 @@
 nGPT keeps every hidden state and every weight vector along the embedding
 dimension on the unit sphere, and replaces the residual add by a learned step
 towards the block's (normalized) output. Adapted to the proxy's residual MLP
-(d = ``width``, h = :func:`mx_proxy.nn.blocks.hidden_width`, f = h, or 2h for
+(d = ``spec.width``, h = :attr:`~mx_proxy.nn.model_spec.ModelSpec.hidden`, f = h, or 2h for
 SwiGLU; ``Norm(z) = z / ‖z‖₂`` over the last axis)::
 
     h₀     = Norm(x)                                   x: (B, d) ~ N(0, I)
@@ -27,7 +27,7 @@ along the embedding dimension, nGPT's "rows" of its (out, in) matrices:
   output vector in embedding space, so the block's output is a combination
   of unit vectors (its overall scale is removed by ``Norm`` anyway).
 
-``init`` draws the kernels with the proxy's scheme (``init_scheme``; the gain
+``init`` draws the kernels with the proxy's scheme (``spec.init``; the gain
 plays no part once normalized) and normalizes them; :func:`normalize_weights`
 projects them back after every optimizer step (the engine calls it), as nGPT
 does.
@@ -94,7 +94,9 @@ import jax
 import jax.numpy as jnp
 
 from mx_proxy.nn import layers
-from mx_proxy.nn.blocks import BlockFields, StudentFields, _flag, _fold, _kernel_init, block_widths, layer_recipes
+from mx_proxy.nn.blocks import flag, fold, layer_recipes
+from mx_proxy.nn.inits import InitScheme
+from mx_proxy.nn.model_spec import ModelSpec
 from mx_proxy.numerics.recipe import Recipe
 
 __all__ = ["NGPTStudent", "NGPTBlock", "normalize_weights", "sphere_norm", "WEIGHT_NORM_AXES",
@@ -144,8 +146,8 @@ def normalize_weights(params):
     return jax.tree_util.tree_map_with_path(f, params)
 
 
-def _unit_init(init: str, gain: float, axis: int):
-    base = _kernel_init(init, gain)
+def _unit_init(init: InitScheme, axis: int):
+    base = init.kernel()
 
     def f(key, shape, dtype=jnp.float32):
         return _unit(base(key, shape, dtype), axis)
@@ -157,28 +159,32 @@ def _norm_precision(recipe: Recipe) -> str:
     return recipe.vector if recipe.ln_precision == "vector" else "fp32"
 
 
-class NGPTBlock(BlockFields):
-    """One block on the sphere (block ``index`` of ``depth``; the fields of
-    :class:`~mx_proxy.nn.blocks.BlockFields`); see the module docstring.
-    Params ``fc1, fc2, alpha, s_u``; sows ``fc1_in``, ``fc2_in`` and
-    ``hidden`` (its output)."""
+class NGPTBlock(nn.Module):
+    """One block on the sphere: block ``index`` of the student ``spec`` describes (its width,
+    activation, init, recipes: read here, where each is used; ``spec.norm`` plays no part); see the
+    module docstring. Params ``fc1, fc2, alpha, s_u``; sows ``fc1_in``, ``fc2_in`` and ``hidden``
+    (its output)."""
+
+    spec: ModelSpec
+    index: int = 0
 
     @nn.compact
     def __call__(self, h, key=None, promote=None):
-        d, hid, f = block_widths(self.width, self.act)
-        r, hi = self.recipe, self.high_recipe
-        w1 = self.param("fc1", _unit_init(self.init_scheme, self.init_gain, WEIGHT_NORM_AXES["fc1"]), (d, f))
-        w2 = self.param("fc2", _unit_init(self.init_scheme, self.init_gain, WEIGHT_NORM_AXES["fc2"]), (hid, d))
+        s = self.spec
+        d, hid, f = s.width, s.hidden, s.fc1_out
+        r, hi = s.recipe, s.high_recipe
+        w1 = self.param("fc1", _unit_init(s.init, WEIGHT_NORM_AXES["fc1"]), (d, f))
+        w2 = self.param("fc2", _unit_init(s.init, WEIGHT_NORM_AXES["fc2"]), (hid, d))
         s_u = self.param("s_u", nn.initializers.ones, (f,))
-        a_init, a_scale = alpha_init(self.depth), 1.0 / math.sqrt(d)
+        a_init, a_scale = alpha_init(s.depth), 1.0 / math.sqrt(d)
         alpha = self.param("alpha", nn.initializers.constant(a_scale), (d,))
-        r1, r2 = layer_recipes(r, self.index, self.depth)
-        norm_flag, gemm = _flag(promote, 0), _flag(promote, 1)
+        r1, r2 = layer_recipes(r, self.index, s.depth)
+        norm_flag, gemm = flag(promote, 0), flag(promote, 1)
 
         def scale_act(u, rc):
             rv = functools.partial(layers.vround, precision=rc.vector, rounding=rc.vector_rounding)
             u = rv(u * rv(s_u * math.sqrt(d)))
-            return layers.activation(self.act, u, rc)
+            return layers.activation(s.act, u, rc)
 
         def update(h, v, rc):  # h ← Norm(h + α ⊙ (Norm(v) − h))
             p = _norm_precision(rc)
@@ -188,11 +194,11 @@ class NGPTBlock(BlockFields):
             return sphere_norm(rn(h + rn(a * rn(h_m - h))), p, rounding=rc.vector_rounding)
 
         self.sow("intermediates", "fc1_in", h)
-        u = self.perturb("fc1_out", layers.switch(gemm, lambda rc: layers.mx_dense(h, w1, None, rc, _fold(key, 0)),
+        u = self.perturb("fc1_out", layers.switch(gemm, lambda rc: layers.mx_dense(h, w1, None, rc, fold(key, 0)),
                                                   r1, hi))  # perturb: a no-op, see mx_proxy.nn.resmlp
         a = layers.switch(gemm, lambda rc: scale_act(u, rc), r, hi)
         self.sow("intermediates", "fc2_in", a)
-        v = self.perturb("fc2_out", layers.switch(gemm, lambda rc: layers.mx_dense(a, w2, None, rc, _fold(key, 1)),
+        v = self.perturb("fc2_out", layers.switch(gemm, lambda rc: layers.mx_dense(a, w2, None, rc, fold(key, 1)),
                                                   r2, hi))
         h = layers.switch(norm_flag, lambda rc: update(h, v, rc), r, hi)
         self.sow("intermediates", "hidden", h)
@@ -207,7 +213,7 @@ class _Head(nn.Module):
     high_recipe: Recipe | None = None
 
     @nn.compact
-    def __call__(self, h, flag=None):
+    def __call__(self, h, promoted=None):
         scale = self.param("scale", nn.initializers.constant(HEAD_INIT), (self.width,))
         root = math.sqrt(self.width)
 
@@ -215,23 +221,26 @@ class _Head(nn.Module):
             rv = functools.partial(layers.vround, precision=rc.vector, rounding=rc.vector_rounding)
             return rv(h * rv(scale * root))
 
-        return layers.switch(flag, out, self.recipe, self.high_recipe)
+        return layers.switch(promoted, out, self.recipe, self.high_recipe)
 
 
-class NGPTStudent(StudentFields):
-    """Hypersphere-normalized residual MLP student (nGPT-style); params
-    ``block_{i}/{fc1, fc2, alpha, s_u}`` and ``head/scale``. Call signature
-    and ``promote``/``key`` semantics as :class:`mx_proxy.nn.resmlp.Student`; after
-    every optimizer step the weights need :func:`normalize_weights`. The
-    fields of :class:`~mx_proxy.nn.blocks.StudentFields`."""
+class NGPTStudent(nn.Module):
+    """Hypersphere-normalized residual MLP student (nGPT-style) of ``spec``
+    (:class:`~mx_proxy.nn.model_spec.ModelSpec`, handed whole to each block;
+    ``spec.norm`` plays no part); params ``block_{i}/{fc1, fc2, alpha, s_u}``
+    and ``head/scale``. Call signature and ``promote``/``key`` semantics as
+    :class:`mx_proxy.nn.resmlp.Student`; after every optimizer step the
+    weights need :func:`normalize_weights`."""
+
+    spec: ModelSpec
 
     @nn.compact
     def __call__(self, x, key=None, promote=None):
-        r, hi = self.recipe, self.high_recipe
-        first = None if promote is None or self.depth < 1 else promote[0, 0]
-        last = None if promote is None or self.depth < 1 else promote[self.depth - 1, 0]
+        s = self.spec
+        r, hi = s.recipe, s.high_recipe
+        first = None if promote is None or s.depth < 1 else promote[0, 0]
+        last = None if promote is None or s.depth < 1 else promote[s.depth - 1, 0]
         h = layers.switch(first, lambda rc: sphere_norm(x, _norm_precision(rc), rounding=rc.vector_rounding), r, hi)
-        for i in range(self.depth):
-            h = NGPTBlock(self.width, self.act, self.init_scheme, self.init_gain, r, i, self.depth, hi,
-                          name=f"block_{i}")(h, _fold(key, i), None if promote is None else promote[i])
-        return _Head(self.width, r, hi, name="head")(h, last)
+        for i in range(s.depth):
+            h = NGPTBlock(s, i, name=f"block_{i}")(h, fold(key, i), flag(promote, i))
+        return _Head(s.width, r, hi, name="head")(h, last)

@@ -12,7 +12,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-__all__ = ["bf16_round", "vround"]
+__all__ = ["bf16_round", "vround", "round_to", "round_grad", "rounder"]
 
 
 def bf16_round(x, rounding: str = "even", *, convert: bool = True):
@@ -52,13 +52,15 @@ def bf16_round(x, rounding: str = "even", *, convert: bool = True):
     return up.astype(jnp.bfloat16).astype(jnp.float32) if convert else up
 
 
-def _round_to(x, precision: str, rounding: str, convert: bool = True):
+def round_to(x, precision: str, rounding: str, convert: bool = True):
+    """``x`` rounded to ``precision`` (``"fp32"``: unchanged; ``"bf16"``: :func:`bf16_round`, ties ``rounding``),
+    without a rounded cotangent (compare :func:`vround`)."""
     return x if precision == "fp32" else bf16_round(x, rounding, convert=convert)
 
 
-def _round_grad(g, precision: str, rounding: str):
+def round_grad(g, precision: str, rounding: str):
     """A parameter gradient rounded to ``precision`` (see ``convert`` of :func:`bf16_round`)."""
-    return _round_to(g, precision, rounding, convert=False)
+    return round_to(g, precision, rounding, convert=False)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4))
@@ -71,7 +73,7 @@ def _rounded_fwd(x, rounding, bwd_precision, bwd_rounding, param):
 
 
 def _rounded_bwd(rounding, bwd_precision, bwd_rounding, param, _, g):
-    return (_round_to(g, bwd_precision, bwd_rounding, convert=not param),)
+    return (round_to(g, bwd_precision, bwd_rounding, convert=not param),)
 
 
 _rounded.defvjp(_rounded_fwd, _rounded_bwd)
@@ -95,5 +97,6 @@ def vround(x, precision: str, rounding: str = "even", backward: str | None = Non
     return _rounded(x, rounding, bwd, rounding, param)
 
 
-def _rounder(precision: str, rounding: str, backward: str | None = None):
+def rounder(precision: str, rounding: str, backward: str | None = None):
+    """:func:`vround` to ``precision`` as a one-argument function ``r(x)`` (the identity for ``"fp32"``)."""
     return functools.partial(vround, precision=precision, rounding=rounding, backward=backward)

@@ -11,7 +11,7 @@ name or compares it as a string (a spec holds the entry itself, e.g.
 ``MXSpec.scale_rule``), so adding an entry is writing it down once. Choices
 that are not registries are plain tuples whose code does compare names:
 the architectures (``nn/architectures.py``: ``arch == "ngpt"``) and the init
-schemes (``nn/blocks.py``: ``init == "pytorch"``).
+schemes (``nn/inits.py``: ``init == "pytorch"``).
 
 The entries of the activation, normalization and scale-rule registries each
 live in a module of their own package (``mx_proxy/nn/activations/``,

@@ -23,7 +23,7 @@ import numpy as np
 
 from mx_proxy.nn.activations import ACTIVATIONS
 from mx_proxy.nn.architectures import ARCHS
-from mx_proxy.nn.blocks import INITS
+from mx_proxy.nn.inits import INITS
 from mx_proxy.nn.norms import NORMS
 from mx_proxy.numerics import formats as _formats
 from mx_proxy.numerics import recipe as _recipes

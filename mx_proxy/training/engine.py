@@ -40,16 +40,17 @@ import jax
 import jax.numpy as jnp
 
 from mx_proxy.nn import architectures
+from mx_proxy.nn.model_spec import ModelSpec, model_spec
 from mx_proxy.nn.resmlp import Teacher
-from mx_proxy.numerics.recipe import PRESETS
+from mx_proxy.numerics.recipe import PRESETS, Recipe
 from mx_proxy.training import controllers, data, diagnostics, optimizer
 from mx_proxy.training.config import Config
 from mx_proxy.training.diagnostic_step import DiagnosticStep
 from mx_proxy.training.dynamic import DYNAMIC_FIELDS, HOST_FIELDS, Dynamic, dynamic_for, static_key
 from mx_proxy.training.segments import nan_like, run_steps
 
-__all__ = ["Dynamic", "TrainState", "Program", "program_for", "dynamic_for", "static_key", "compiler_options",
-           "run_steps", "DYNAMIC_FIELDS", "HOST_FIELDS"]
+__all__ = ["Dynamic", "TrainState", "Program", "program_for", "model_spec_of", "dynamic_for", "static_key",
+           "compiler_options", "run_steps", "DYNAMIC_FIELDS", "HOST_FIELDS"]
 
 # Folded into the seed's key to make the stochastic-rounding stream (apart from init).
 ROUNDING_STREAM = 0x5EED
@@ -105,6 +106,13 @@ def _where(cond, new, old):
     return jax.tree.map(lambda a, b: jnp.where(cond, a, b), new, old)
 
 
+def model_spec_of(config: Config, recipe: Recipe, high_recipe: Recipe | None = None) -> ModelSpec:
+    """The student's :class:`~mx_proxy.nn.model_spec.ModelSpec` of ``config`` (its width, depth, act, norm,
+    init and init_gain resolved to objects) running ``recipe`` (``high_recipe``: a promoted unit's)."""
+    return model_spec(config.width, config.depth, config.act, config.norm, config.init, config.init_gain, recipe,
+                      high_recipe)
+
+
 class Program:
     """The pure functions of one static configuration (:func:`static_key`;
     :func:`program_for` caches one per key), which the runner jits and compiles.
@@ -124,12 +132,13 @@ class Program:
     def __init__(self, config: Config):
         c = self.config = static_key(config)
         self.recipe = c.recipe.with_dot(c.dot)
-        kw = dict(width=c.width, depth=c.depth, act=c.act, norm=c.norm, init_scheme=c.init, init_gain=c.init_gain)
         # a controller plugs in as a per-unit precision selector (the mask the student reads)
         self.selector = controllers.selector(c.controller, c.depth)
         high = PRESETS[self.selector.high_recipe].with_dot(c.dot) if self.selector is not None else None
-        self.student = architectures.student(c.arch, recipe=self.recipe, high_recipe=high, **kw)
-        self.reference = architectures.student(c.arch, recipe=c.reference_recipe.with_dot(c.dot), **kw)
+        self.spec = model_spec_of(c, self.recipe, high)
+        self.student = architectures.student(c.arch, self.spec)
+        self.reference = architectures.student(c.arch, self.spec.replace(recipe=c.reference_recipe.with_dot(c.dot),
+                                                                          high_recipe=None))
         self.normalize = architectures.weight_projection(c.arch)
         self.stochastic = c.recipe.stochastic
         tw, td, ta = c.teacher

@@ -108,10 +108,10 @@ def test_bf16_dot_has_the_same_operands_and_f32_accumulation_bounds(r):
     for gemm, (ra, rb, ax_a, ax_b) in GEMMS.items():
         vec = r.vector if gemm == "forward" else r.backward_vector
         for role, axis, v in zip((ra, rb), (ax_a, ax_b), _gemm_inputs(x, w, g, gemm)):
-            qs = [np.asarray(layers._q(v, getattr(rr, role), axis, vec, layers.operand_key(key, rr, role),
+            qs = [np.asarray(layers.quantize_operand(v, getattr(rr, role), axis, vec, layers.operand_key(key, rr, role),
                                        rr.vector_rounding)) for rr in (fast, ref)]
             np.testing.assert_array_equal(qs[0].view(np.uint32), qs[1].view(np.uint32), err_msg=role)
-            if layers._bf16_exact(getattr(r, role), vec):
+            if layers.bf16_exact(getattr(r, role), vec):
                 np.testing.assert_array_equal(qs[0], qs[0].astype(ml_dtypes.bfloat16).astype(np.float32),
                                               err_msg=f"{role} is not bf16-exact")
     # the bare GEMMs of MX operands (float32 out, no vector rounding): one bound for both dots
@@ -126,7 +126,7 @@ def test_bf16_dot_has_the_same_operands_and_f32_accumulation_bounds(r):
 
     if gemms:
         fast_mm = jax.jit(lambda ins: mm(ins, "bf16"))  # XLA's default options: YNNPACK where it applies
-        if all(layers._bf16_exact(getattr(r, role), "fp32") for _, ra, rb, *_ in gemms for role in (ra, rb)):
+        if all(layers.bf16_exact(getattr(r, role), "fp32") for _, ra, rb, *_ in gemms for role in (ra, rb)):
             assert "bf16[" in fast_mm.lower(ins).compile().as_text(), "no bf16 dot compiled"
         cert = exactness.certify(lambda ins: mm(ins, "f32"), ins)
         got_ref = jax.jit(lambda ins: mm(ins, "f32"), compiler_options=F32_OPTIONS)(ins)

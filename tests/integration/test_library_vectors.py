@@ -140,7 +140,7 @@ def test_layer_norm_equals_the_authors_layernorm(case):
     cert = exactness.certify(f, x, gain, bias, g)
     y, dx, dgain, dbias = jax.jit(f)(x, gain, bias, g)
     assert not bool(d[f"{case}/has_dbias"]) and np.all(np.asarray(dbias) == 0)
-    _, rest, bwd = layers._ln_precisions(r)
+    _, rest, bwd = layers.ln_precisions(r)
     for i, (name, got) in enumerate((("y", y), ("dx", dx), ("dgain", dgain))):
         exactness.check(got, d[f"{case}/{name}"], cert[i], f"{case}: {name}",
                         bf16=(rest if name == "y" else bwd) == "bf16", unknown_atol=UNBOUNDED_ATOL)
@@ -176,7 +176,8 @@ def test_paper_recipes_reproduce_the_authors_student_step(case, recipe):
     where order-independent, and else as stated above (``tests/exactness.py``)."""
     d = STUDENT
     p0 = _student_params("init/")
-    st = model.Student(width=p0["block_0"]["ln_gain"].shape[0], depth=len(p0), recipe=recipes.get(recipe))
+    st = model.Student(model.model_spec(width=p0["block_0"]["ln_gain"].shape[0], depth=len(p0),
+                                     recipe=recipes.get(recipe)))
     x, y = jnp.asarray(d["batch0/x"]), jnp.asarray(d["batch0/y"])
 
     def loss_fn(p):
@@ -207,7 +208,8 @@ def test_three_adam_steps_track_the_authors_run(case, recipe):
     from the engine's), which can flip an MX rounding now and then."""
     d = STUDENT
     p = _student_params("init/")
-    st = model.Student(width=p["block_0"]["ln_gain"].shape[0], depth=len(p), recipe=recipes.get(recipe))
+    st = model.Student(model.model_spec(width=p["block_0"]["ln_gain"].shape[0], depth=len(p),
+                                     recipe=recipes.get(recipe)))
     tx = scale_by_adam(0.9, 0.999, 1e-8)
     state = tx.init(p)
     losses = []

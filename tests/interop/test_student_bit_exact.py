@@ -11,7 +11,7 @@ from tiers import unit_and_e2e
 
 from mx_proxy.interop.linen import quantize
 from mx_proxy.nn.blocks import layer_names
-from mx_proxy.nn.resmlp import Student
+from mx_proxy.nn.resmlp import Student, model_spec
 from mx_proxy.numerics.recipe import PRESETS
 
 WIDTH, DEPTH, STEPS, LR = 32, 2, 3, 0.05
@@ -61,7 +61,7 @@ other preset too."""
 @pytest.mark.parametrize("name", unit_and_e2e(sorted(PRESETS), lambda n: n in UNIT_TIER))
 def test_plain_dense_student_trains_like_the_proxys(name):
     recipe = PRESETS[name]
-    proxy = Student(WIDTH, DEPTH, act="relu", recipe=recipe)
+    proxy = Student(model_spec(WIDTH, DEPTH, act="relu", recipe=recipe))
     xs = jax.random.normal(jax.random.key(1), (STEPS, 16, WIDTH))
     ys = jax.random.normal(jax.random.key(2), (STEPS, 16, WIDTH))
     keys = jax.random.split(jax.random.key(3), STEPS)

@@ -5,11 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mx_proxy.nn.resmlp import Student, Teacher, hidden_width
+from mx_proxy.nn.resmlp import Student, Teacher, hidden_width, model_spec
 
 
 def _params(act, width=48, depth=3, norm="layernorm", init="pytorch"):
-    m = Student(width=width, depth=depth, act=act, norm=norm, init_scheme=init)
+    m = Student(model_spec(width=width, depth=depth, act=act, norm=norm, init=init))
     return m.init(jax.random.key(0), jnp.zeros((1, width)))["params"]
 
 

@@ -45,7 +45,7 @@ def _apply(m, p, x, key=None, promote=None):
 
 @functools.cache
 def _init_fn(act, depth):
-    return jax.jit(ngpt.NGPTStudent(width=D, depth=depth, act=act).init)
+    return jax.jit(ngpt.NGPTStudent(model.model_spec(width=D, depth=depth, act=act)).init)
 
 
 def _params(seed=1, act="gelu", depth=DEPTH):
@@ -55,14 +55,15 @@ def _params(seed=1, act="gelu", depth=DEPTH):
 @functools.cache
 def _forward(recipe="fp32", high=None, act="gelu", depth=DEPTH):
     """jitted (p, x, key=None, promote=None) -> (y, intermediates)."""
-    m = ngpt.NGPTStudent(width=D, depth=depth, act=act, recipe=_recipe(recipe), high_recipe=_recipe(high))
+    m = ngpt.NGPTStudent(model.model_spec(width=D, depth=depth, act=act, recipe=_recipe(recipe),
+                                                       high_recipe=_recipe(high)))
     return jax.jit(functools.partial(_apply, m))
 
 
 @functools.cache
 def _grads(recipe="fp32"):
     """jitted (p, x, target) -> gradients of the MSE."""
-    m = ngpt.NGPTStudent(width=D, depth=DEPTH, recipe=_recipe(recipe))
+    m = ngpt.NGPTStudent(model.model_spec(width=D, depth=DEPTH, recipe=_recipe(recipe)))
     return jax.jit(jax.grad(lambda q, x, t: jnp.mean(jnp.square(m.apply({"params": q}, x) - t))))
 
 
@@ -72,8 +73,9 @@ def _norm_err(h):
 
 @pytest.mark.parametrize("act", ["gelu", "swiglu"])
 def test_factory_param_names_shapes_and_init(act):
-    m = architectures.student("ngpt", width=D, depth=3, act=act, recipe=PRESETS["mxfp8_e4m3"], norm="layernorm")
-    assert isinstance(m, ngpt.NGPTStudent) and m.recipe == PRESETS["mxfp8_e4m3"]
+    m = architectures.student("ngpt", model.model_spec(width=D, depth=3, act=act, recipe=PRESETS["mxfp8_e4m3"],
+                                                        norm="layernorm"))
+    assert isinstance(m, ngpt.NGPTStudent) and m.spec.recipe == PRESETS["mxfp8_e4m3"]
     p = _params(act=act, depth=3)
     assert jax.tree.structure(jax.eval_shape(m.init, jax.random.key(1), jnp.zeros((1, D)))["params"]) == \
         jax.tree.structure(p)
@@ -167,7 +169,7 @@ def test_normalize_weights_after_adam():
 def test_training_learns_teacher():
     # measured: the held-out loss falls ~11-12x in 100 steps (seeds 0-4), from
     # ~3.0-3.5 to ~0.26-0.31 of E[y²] (the loss of predicting zero).
-    m = architectures.student("ngpt", width=D, depth=DEPTH)
+    m = architectures.student("ngpt", model.model_spec(width=D, depth=DEPTH))
     teacher = model.Teacher(width=D, hidden=D, depth=DEPTH)
     tp = teacher.init(jax.random.key(10), jnp.zeros((1, D)))
     p = ngpt.normalize_weights(_params())
@@ -205,7 +207,7 @@ def test_stochastic_rounding_keys():
     np.testing.assert_array_equal(y1, y2)
     assert not np.array_equal(y1, y3)
     with pytest.raises(ValueError, match="PRNG key"):
-        ngpt.NGPTStudent(width=D, depth=DEPTH, recipe=SR).apply({"params": p}, x)
+        ngpt.NGPTStudent(model.model_spec(width=D, depth=DEPTH, recipe=SR)).apply({"params": p}, x)
     # key folding as model.Student: block i folds in i, its fc1 folds in 0
     r = SR.for_layer(*model.layer_names(0, DEPTH, "fc1"))
     k00 = jax.random.fold_in(jax.random.fold_in(jax.random.key(3), 0), 0)

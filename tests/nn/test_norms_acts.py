@@ -10,7 +10,7 @@ import pytest
 
 import mx_proxy as mxp
 from mx_proxy.nn.layers import ACTIVATIONS, activation, layer_norm, quantize_affine, rms_norm
-from mx_proxy.nn.resmlp import NORMS, Student, Teacher
+from mx_proxy.nn.resmlp import NORMS, Student, Teacher, model_spec
 from mx_proxy.numerics import recipe as recipes
 from mx_proxy.numerics.quantize import MXSpec
 from mx_proxy.training import controllers, diagnostics
@@ -158,7 +158,7 @@ def test_mx_quantized_rmsnorm_gain_clamps_like_layernorm():
 
 
 def _student(norm, act="gelu", width=32, depth=2):
-    m = Student(width=width, depth=depth, act=act, norm=norm)
+    m = Student(model_spec(width=width, depth=depth, act=act, norm=norm))
     return m, m.init(jax.random.key(0), jnp.zeros((1, width)))["params"]
 
 
@@ -180,8 +180,8 @@ def test_noaffine_student_is_layernorm_with_unit_gain_and_zero_bias():
     m1, _ = _student("layernorm")
     p1 = {b: dict(v, ln_gain=jnp.ones(32), ln_bias=jnp.zeros(32)) for b, v in p0.items()}
     for r in (FP32, BF16):
-        y0 = m0.clone(recipe=r).apply({"params": p0}, x)
-        y1 = m1.clone(recipe=r).apply({"params": p1}, x)
+        y0 = m0.clone(spec=m0.spec.replace(recipe=r)).apply({"params": p0}, x)
+        y1 = m1.clone(spec=m1.spec.replace(recipe=r)).apply({"params": p1}, x)
         np.testing.assert_array_equal(np.asarray(y0), np.asarray(y1))
 
 

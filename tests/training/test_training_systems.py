@@ -70,13 +70,13 @@ def test_override_changes_only_the_named_layer():
     x = jax.random.normal(jax.random.key(1), (16, 32))
     base = recipes.get("mxfp4")
     over = base.replace(overrides=(("last/fc2", recipes.get("fp32")),))
-    m = model.Student(width=32, depth=2, recipe=base)
+    m = model.Student(model.model_spec(width=32, depth=2, recipe=base))
     p = m.init(jax.random.key(0), x)["params"]
     y_base = m.apply({"params": p}, x)
-    y_over = model.Student(width=32, depth=2, recipe=over).apply({"params": p}, x)
+    y_over = model.Student(model.model_spec(width=32, depth=2, recipe=over)).apply({"params": p}, x)
     assert not np.array_equal(y_base, y_over)
     # by hand: block 0 in mxfp4, block 1's fc2 in fp32
-    h = model.Block(32, "gelu", "pytorch", 0.5, base, 0, 2, norm="layernorm").apply({"params": p["block_0"]}, x)
+    h = model.Block(model.model_spec(width=32, depth=2, recipe=base), 0).apply({"params": p["block_0"]}, x)
     b1 = p["block_1"]
     z = layers.layer_norm(h, b1["ln_gain"], b1["ln_bias"], base)
     a = layers.activation("gelu", layers.mx_dense(z, b1["fc1"], None, base), base)

@@ -47,7 +47,7 @@ from mx_proxy.cli.bench import machine
 from mx_proxy.cli.bench.options import add_shape
 from mx_proxy.nn.blocks import fc1_width, hidden_width, layer_names
 from mx_proxy.nn.dense import wgrad_transposed
-from mx_proxy.nn.layers import _bf16_exact
+from mx_proxy.nn.layers import bf16_exact
 from mx_proxy.numerics import recipe as recipes
 from mx_proxy.training.config import Config
 from mx_proxy.training.engine import compiler_options, dynamic_for, program_for
@@ -189,7 +189,7 @@ def gemm_dtype(recipe, names, kind: str, dot: str) -> str:
     where ``dot="bf16"`` and both operands hold only bf16 values."""
     r = recipes.get(recipe).for_layer(*names)
     vector = r.vector if kind == "fwd" else r.backward_vector
-    exact = all(_bf16_exact(getattr(r, role), vector) for role in _OPERANDS[kind])
+    exact = all(bf16_exact(getattr(r, role), vector) for role in _OPERANDS[kind])
     return "bf16" if dot == "bf16" and exact else "f32"
 
 

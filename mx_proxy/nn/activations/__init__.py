@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from mx_proxy.nn.rounding import _rounder
+from mx_proxy.nn.rounding import rounder
 from mx_proxy.numerics.recipe import Recipe
 from mx_proxy.numerics.registry import Registry, load_entries
 
@@ -74,7 +74,7 @@ def apply(name: str, x, recipe: Recipe):
     """
     act = get(name)
     prec = "fp32" if recipe.act_precision == "fp32" else recipe.vector
-    r = _rounder(prec, recipe.vector_rounding, None if prec == "fp32" else recipe.backward_vector)
+    r = rounder(prec, recipe.vector_rounding, None if prec == "fp32" else recipe.backward_vector)
     return act.fn(r(x), r)
 
 

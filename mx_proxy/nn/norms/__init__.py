@@ -8,7 +8,7 @@ block and applies it under the recipe (or under the controller's high
 recipe where the block's normalization unit is promoted).
 
 Shared here: the precisions LayerNorm-like math runs in
-(:func:`_ln_precisions`: stats, rest, backward), the library's rounded mean,
+(:func:`ln_precisions`: stats, rest, backward), the library's rounded mean,
 and :func:`quantize_affine`, which every gain and bias passes (rounded to the
 LN precision, MX-quantized with ``recipe.ln_affine`` when set: the paper's
 clamping mechanism). The diagnostics read the parameters by name: a gain
@@ -33,7 +33,8 @@ from mx_proxy.numerics.quantize import quantize
 from mx_proxy.numerics.recipe import Recipe
 from mx_proxy.numerics.registry import Registry, load_entries
 
-__all__ = ["Norm", "NORMS", "register", "get", "normalize", "quantize_affine", "ones", "zeros"]
+__all__ = ["Norm", "NORMS", "register", "get", "normalize", "quantize_affine", "ones", "zeros",
+           "ln_precisions", "rounded_mean"]
 
 ones, zeros = nn.initializers.ones, nn.initializers.zeros
 
@@ -103,7 +104,7 @@ def quantize_affine(p, recipe: Recipe):
     return quantize(p, recipe.ln_affine, axis=-1)
 
 
-def _ln_precisions(recipe: Recipe) -> tuple[str, str, str]:
+def ln_precisions(recipe: Recipe) -> tuple[str, str, str]:
     """(stats, rest, backward) precisions of LayerNorm: the input, mean and
     variance; the rest of the forward (eps, sqrt, reciprocal, normalize,
     scale, shift); the backward."""
@@ -114,7 +115,7 @@ def _ln_precisions(recipe: Recipe) -> tuple[str, str, str]:
     return recipe.vector, recipe.vector, recipe.backward_vector
 
 
-def _mean(x, r):
+def rounded_mean(x, r):
     """The library's ``vec_reduce_mean`` over the last axis: sum, round, divide, round."""
     return r(r(jnp.sum(x, axis=-1, keepdims=True)) / x.shape[-1])
 

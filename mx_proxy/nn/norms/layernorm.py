@@ -13,8 +13,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from mx_proxy.nn.norms import Norm, _ln_precisions, _mean, ones, quantize_affine, register, zeros
-from mx_proxy.nn.rounding import _round_grad, _round_to
+from mx_proxy.nn.norms import Norm, ln_precisions, ones, quantize_affine, register, rounded_mean, zeros
+from mx_proxy.nn.rounding import round_grad, round_to
 from mx_proxy.numerics.recipe import Recipe
 
 __all__ = ["layer_norm"]
@@ -28,12 +28,12 @@ def _library_ln(x, gain, bias, gain_bwd, eps: float, stats: str, rest: str, bwd:
 def _library_ln_fwd(x, gain, bias, gain_bwd, eps, stats, rest, bwd, rounding):
     """``_norm_forward`` of the MX library: every op rounded (``stats``
     precision up to the variance, ``rest`` after it)."""
-    rs = functools.partial(_round_to, precision=stats, rounding=rounding)
-    rr = functools.partial(_round_to, precision=rest, rounding=rounding)
+    rs = functools.partial(round_to, precision=stats, rounding=rounding)
+    rr = functools.partial(round_to, precision=rest, rounding=rounding)
     x = rs(x)
-    mean = _mean(x, rs)
+    mean = rounded_mean(x, rs)
     xs = rs(x - mean)
-    var = _mean(rs(xs * xs), rs)
+    var = rounded_mean(rs(xs * xs), rs)
     vare = rr(var + eps)
     std = rr(jnp.sqrt(vare))
     inv = rr(1.0 / std)
@@ -50,8 +50,8 @@ def _library_ln_bwd(eps, stats, rest, bwd, rounding, res, g):
     """``LayerNormFunction.backward`` with ``_norm_backward_LN`` of the MX
     library, every op rounded to ``bwd``."""
     xn, vare, gain, has_bias = res
-    rb = functools.partial(_round_to, precision=bwd, rounding=rounding)
-    rg = functools.partial(_round_grad, precision=bwd, rounding=rounding)  # the parameter gradients
+    rb = functools.partial(round_to, precision=bwd, rounding=rounding)
+    rg = functools.partial(round_grad, precision=bwd, rounding=rounding)  # the parameter gradients
     g = rb(g)
     rows = tuple(range(g.ndim - 1))
     dbias = rg(jnp.sum(g, axis=rows)) if has_bias else None
@@ -61,10 +61,10 @@ def _library_ln_bwd(eps, stats, rest, bwd, rounding, res, g):
     inv = rb(1.0 / std)
     dxs = rb(dxn * inv)
     t = rb(rb(dxn * xn) * std)
-    t = _mean(t, rb)
+    t = rounded_mean(t, rb)
     t = rb(t * rb(1.0 / vare))
     dx = rb(dxs + rb(-t * xn))
-    dx = rb(dx + -_mean(dx, rb))
+    dx = rb(dx + -rounded_mean(dx, rb))
     return dx, dgain, dbias, None if gain is None else jnp.zeros_like(gain)
 
 
@@ -85,7 +85,7 @@ def layer_norm(x, gain, bias, recipe: Recipe, eps: float = 1e-5):
     the backward runs in float32); in pure float32 it is the plain formula,
     differentiated by JAX.
     """
-    stats, rest, bwd = _ln_precisions(recipe)
+    stats, rest, bwd = ln_precisions(recipe)
     if bias is not None and not recipe.train_ln_bias:
         bias = jax.lax.stop_gradient(bias)
     raw_gain = gain

@@ -10,8 +10,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from mx_proxy.nn.norms import Norm, _ln_precisions, _mean, ones, quantize_affine, register
-from mx_proxy.nn.rounding import _rounder
+from mx_proxy.nn.norms import Norm, ln_precisions, ones, quantize_affine, register, rounded_mean
+from mx_proxy.nn.rounding import rounder
 from mx_proxy.numerics.recipe import Recipe
 
 __all__ = ["rms_norm"]
@@ -35,7 +35,7 @@ def rms_norm(x, gain, recipe: Recipe, eps: float = 1e-5):
     Returns:
       (..., d) float32.
 
-    Precisions follow :func:`layer_norm` (see :func:`_ln_precisions`): the
+    Precisions follow :func:`layer_norm` (see :func:`ln_precisions`): the
     input, its square and their mean in the stats precision; eps, sqrt,
     reciprocal, normalize and scale in the rest precision; the backward in
     the backward precision. In pure float32 it is the plain formula with
@@ -44,17 +44,17 @@ def rms_norm(x, gain, recipe: Recipe, eps: float = 1e-5):
     the backward precision), not a hand-written library-order backward like
     :func:`layer_norm`'s: the MX library has no RMSNorm to follow.
     """
-    stats, rest, bwd = _ln_precisions(recipe)
+    stats, rest, bwd = ln_precisions(recipe)
     if gain is not None:
         gain = quantize_affine(gain, recipe)
     if stats == rest == bwd == "fp32":
         y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
         return y if gain is None else y * gain
     rnd = recipe.vector_rounding
-    rs = _rounder(stats, rnd, None if stats == "fp32" else bwd)
-    rr = _rounder(rest, rnd, None if rest == "fp32" else bwd)
+    rs = rounder(stats, rnd, None if stats == "fp32" else bwd)
+    rr = rounder(rest, rnd, None if rest == "fp32" else bwd)
     x = rs(x)
-    ms = _mean(rs(x * x), rs)
+    ms = rounded_mean(rs(x * x), rs)
     std = rr(jnp.sqrt(rr(ms + eps)))
     y = rr(x * rr(1.0 / std))
     return y if gain is None else rr(gain * y)
