@@ -44,6 +44,7 @@ from mx_proxy.experiments import instruments
 from mx_proxy.interop.linen import quantize
 from mx_proxy.numerics import recipe as recipes
 from mx_proxy.store import durable
+from mx_proxy.training.config import BOUNDS
 
 __all__ = ["TransformerScale", "SCALES", "RECIPES", "Decoder", "decoder", "batch", "loss_fn", "Comparison", "compare",
            "summary", "write"]
@@ -210,8 +211,9 @@ def compare(scale: TransformerScale | str = "smoke", recipe_names=RECIPES, seed:
         scale = SCALES[scale]
     if not isinstance(scale, TransformerScale):
         raise TypeError(f"scale must be a TransformerScale or one of {', '.join(SCALES)}, got {scale!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    lo, hi = BOUNDS["seed"]  # the Config's seed range: key(seed) and key(seed + 1) both exist
+    if isinstance(seed, bool) or not isinstance(seed, int) or not lo <= seed <= hi:
+        raise ValueError(f"seed must be an integer in [{lo}, {hi}], got {seed!r}")
     names = tuple(recipe_names)
     if not names:
         raise ValueError(f"no recipe to train; e.g. {', '.join(RECIPES)}")

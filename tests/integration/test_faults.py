@@ -61,6 +61,7 @@ def _needs(command, tmp_path) -> dict:
     return {"campaign": {"--scale": "smoke", "--out": str(tmp_path / "c")},
             "intervene": {"run_dir": str(tmp_path / "nowhere"), "--at-step": "10"},
             "bench": {"name": "quantize"},
+            "transformer": {"--scale": "smoke"},
             "ensemble": {"--out": str(tmp_path / "e"), "--kind": "seed", "--arms": "fp32", "--members": "2",
                          "--horizon": "5"}}.get(command, {})
 
