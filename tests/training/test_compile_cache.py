@@ -109,7 +109,9 @@ def test_a_second_process_loads_every_program_from_the_cache(tmp_path):
     n, size = compile_cache.entries(cache)
     assert first["hits"] == 0 and n >= 1 and size > 0  # the segment program at least (0.1 s or more to compile)
     names = [p.name.split("-")[0] for p in cache.iterdir() if p.is_file()]
-    assert "jit_add" not in names and n < first["all_programs"]  # not the eager single operations
+    # the training programs are kept, not every eager single operation: which of those pass the 0.1 s bar is the
+    # machine's (on a 2-core AVX2-only CPU under load an eager add can take longer to compile), so only the count
+    assert "jit_segment" in names and "jit_val_loss" in names and n < first["all_programs"]
     assert first["compiled"] == 3 and first["loaded"] == 0  # init, segment, validation
     kept = sorted(p.name.split("-")[0] for p in (cache / executables.SUBDIR).iterdir())
     assert kept == ["init", "segment", "val_loss"]
