@@ -32,7 +32,7 @@ from mx_proxy.experiments.ensemble_spec import Ensemble
 from mx_proxy.training.config import Config
 
 __all__ = ["Plan", "Study", "Hypothesis", "Test", "Unit", "load", "units", "power_table", "cost_table", "PLAN_FILE",
-           "MACHINES", "TESTS", "SCHEMA", "detectable_auc"]
+           "MACHINES", "TESTS", "SCHEMA", "detectable_auc", "holm_alpha"]
 
 PLAN_FILE = Path(__file__).resolve().parents[2] / "docs" / "plan.json"
 SCHEMA = 1
@@ -291,7 +291,7 @@ def cost_table(plan: Plan) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _holm_alpha(plan: Plan) -> float:
+def holm_alpha(plan: Plan) -> float:
     """The level of Holm's first (strictest) step over the family of primary tests."""
     return plan.alpha / len(plan.hypotheses)
 
@@ -305,7 +305,7 @@ def power_table(plan: Plan) -> pd.DataFrame:
     for h in plan.hypotheses:
         s = plan.study(h.study)
         n = s.members
-        for level, alpha in (("alpha", plan.alpha), ("holm_first", _holm_alpha(plan))):
+        for level, alpha in (("alpha", plan.alpha), ("holm_first", holm_alpha(plan))):
             if h.primary.kind == "mcnemar":
                 for p in SCENARIOS:
                     above, below = power.detectable(p, n, plan.power, alpha)

@@ -195,7 +195,7 @@ def compute(plan, folder) -> dict:
     samples = {f"{s.id}/{a}": pd.Series(dtype=bool) for s in plan.studies for a in s.ensemble_spec.arms}
     samples.update(plan_members.samples(results))
     studies = {s.id: _study(s, results[s.id], machines, folder) for s in plan.studies}
-    holm_first = plan.alpha / len(plan.hypotheses)
+    holm_first = _plan.holm_alpha(plan)
     primary, tests, frames = [], [], {}
     for h in plan.hypotheses:
         p = _test_row(plan, h, "primary", h.primary, samples, results, studies,

@@ -48,7 +48,7 @@ from mx_proxy.numerics.mx import bits as B
 from mx_proxy.numerics.mx import block_scale as scale
 from mx_proxy.numerics.mx import element
 from mx_proxy.pallas import backend
-from mx_proxy.pallas.operand import CHUNK, ZERO_BLOCK_SCALE, MXOperand, round_up
+from mx_proxy.pallas.operand import CHUNK, MXOperand, pad_operand, round_up
 from mx_proxy.pallas.tuning import GemmConfig
 
 __all__ = ["mma_mode", "tuning_mode", "FAST_A_SCALES", "gemm", "tile_order"]
@@ -187,19 +187,6 @@ def _gemm_kernel(fa_ref, fb_ref, a_ref, as_ref, b_ref, bs_ref, o_ref, *, s: _Sta
     o_ref[...] = acc.astype(o_ref.dtype)
 
 
-def _pad_operand(op: MXOperand, rows_p: int, kp: int):
-    """data and scales of ``op`` zero-padded (scales: 127) to rows_p rows and kp K-elements."""
-    data, scales = op.data, op.scales
-    kd = kp // 2 if op.gemm_dtype == "e2m1" else kp
-    r = rows_p - data.shape[0]
-    if r or kd - data.shape[1]:
-        data = jnp.pad(data, [(0, r), (0, kd - data.shape[1])])
-    ks = kp // op.block_size - scales.shape[1]
-    if r or ks:
-        scales = jnp.pad(scales, [(0, r), (0, ks)], constant_values=ZERO_BLOCK_SCALE)
-    return data, scales
-
-
 def _fast_flags(scales, tile: int, lo: int, hi: int):
     """int32 per row tile: 1 where every scale byte lies in [lo, hi] or is 255 (NaN)."""
     ok = ((scales >= lo) & (scales <= hi)) | (scales == scale.E8M0_NAN)
@@ -229,8 +216,8 @@ def gemm(a: MXOperand, b: MXOperand, config: GemmConfig, out_dtype: str = "float
                          " valid for this pair: mma='bf16'")
     kp = round_up(max(a.padded_k, b.padded_k), max(cfg.bk, 2 * CHUNK, a.block_size, b.block_size))
     mp, np_ = round_up(a.padded_rows, cfg.bm), round_up(b.padded_rows, cfg.bn)
-    ad, asc = _pad_operand(a, mp, kp)
-    bd, bsc = _pad_operand(b, np_, kp)
+    ad, asc = pad_operand(a, mp, kp)
+    bd, bsc = pad_operand(b, np_, kp)
     gm, gn = mp // cfg.bm, np_ // cfg.bn
     if mode == "fp8":
         lo, hi = FAST_A_SCALES["e5m2" if a.gemm_dtype == "e5m2" else "e4m3"]

@@ -82,7 +82,7 @@ from jax.experimental import pallas as pl
 
 from mx_proxy.numerics.mx import element
 from mx_proxy.pallas.matmul import mx_gemm
-from mx_proxy.pallas.operand import CHUNK, ZERO_BLOCK_SCALE, MXOperand, round_up
+from mx_proxy.pallas.operand import CHUNK, MXOperand, pad_operand, round_up
 
 __all__ = ["MosaicConfig", "EXACT_SCALES", "MOSAIC_DTYPES", "check_mosaic_config", "check_mosaic_operands",
            "padded_inputs", "scales_exact", "SMEM_LIMIT", "smem_bytes", "check_smem", "mosaic_gemm", "mosaic_mx_gemm",
@@ -180,28 +180,26 @@ def check_mosaic_operands(a, b) -> None:
 # host side (XLA): codes as float8, scales transposed, everything padded
 
 
-def _codes(op: MXOperand):
-    """(Rp, Kp) float8 codes of an operand: E4M3/E5M2 as stored, E2M1 nibbles expanded to E4M3 codes."""
-    if op.gemm_dtype != "e2m1":
-        return op.data
-    r, half = op.data.shape
-    pairs = op.data.astype(jnp.uint32).reshape(r, half // CHUNK, 1, CHUNK)
+def _codes(data, gemm_dtype: str):
+    """(R, Kp) float8 codes of an operand's data: E4M3/E5M2 as stored, E2M1 nibbles ((R, Kp / 2) bytes) expanded
+    to E4M3 codes."""
+    if gemm_dtype != "e2m1":
+        return data
+    r, half = data.shape
+    pairs = data.astype(jnp.uint32).reshape(r, half // CHUNK, 1, CHUNK)
     nib = jnp.concatenate([pairs & np.uint32(0xF), pairs >> np.uint32(4)], axis=2).reshape(r, 2 * half)
     return jax.lax.bitcast_convert_type(element.e2m1_to_e4m3(nib).astype(jnp.uint8), jnp.float8_e4m3fn)
 
 
 def padded_inputs(a: MXOperand, b: MXOperand, cfg: MosaicConfig):
     """(a codes (Mp, Kp), a scales (Kp/32, Mp), b codes (Np, Kp), b scales (Kp/32, Np)): float8 codes and uint8
-    scales transposed, zero-padded (scales: 127) to whole ``cfg`` tiles."""
+    scales transposed, zero-padded (scales: 127) to whole ``cfg`` tiles
+    (:func:`~mx_proxy.pallas.operand.pad_operand`)."""
     kp = round_up(max(a.padded_k, b.padded_k), cfg.bk)
     out = []
     for op, tile in ((a, cfg.bm), (b, cfg.bn)):
-        codes = _codes(op)
-        rp = round_up(codes.shape[0], tile)
-        codes = jnp.pad(codes, [(0, rp - codes.shape[0]), (0, kp - codes.shape[1])])
-        sc = jnp.pad(op.scales, [(0, rp - op.scales.shape[0]), (0, kp // CHUNK - op.scales.shape[1])],
-                     constant_values=ZERO_BLOCK_SCALE)
-        out += [codes, sc.T]
+        data, sc = pad_operand(op, round_up(op.data.shape[0], tile), kp)
+        out += [_codes(data, op.gemm_dtype), sc.T]
     return tuple(out)
 
 

@@ -58,7 +58,7 @@ from mx_proxy.pallas.supported import check_spec
 from mx_proxy.pallas.tile import quantize_tile
 
 __all__ = ["MXOperand", "GEMM_DTYPES", "CONTAINERS", "DATA_DTYPES", "CHUNK", "quantize_operand", "operand_from_codes",
-           "operand_values", "round_up"]
+           "operand_values", "pad_operand", "round_up"]
 
 CHUNK = 32  # K elements per scaled MMA step; E2M1 pairs two chunks per 32 bytes
 GEMM_DTYPES = {"fp8_e4m3": "e4m3", "fp6_e3m2": "e4m3", "fp6_e2m3": "e4m3", "fp8_e5m2": "e5m2",
@@ -105,6 +105,20 @@ class MXOperand:
     @property
     def padded_rows(self) -> int:
         return self.data.shape[0]
+
+
+def pad_operand(op: MXOperand, rows_p: int, kp: int):
+    """data and scales of ``op`` zero-padded (scales: ``ZERO_BLOCK_SCALE``, 127) to ``rows_p`` rows and ``kp``
+    K-elements (packed E2M1 data: ``kp / 2`` bytes a row)."""
+    data, scales = op.data, op.scales
+    kd = kp // 2 if op.gemm_dtype == "e2m1" else kp
+    r = rows_p - data.shape[0]
+    if r or kd - data.shape[1]:
+        data = jnp.pad(data, [(0, r), (0, kd - data.shape[1])])
+    ks = kp // op.block_size - scales.shape[1]
+    if r or ks:
+        scales = jnp.pad(scales, [(0, r), (0, ks)], constant_values=ZERO_BLOCK_SCALE)
+    return data, scales
 
 
 # ----------------------------------------------------------------------------
